@@ -1,0 +1,25 @@
+"""prefixkv: a prefix-caching, paged KV-cache store for LLM inference.
+
+The core (manager, pool, policies, sizing) needs only numpy, xxhash and
+sortedcontainers; torch and cupy are optional extras for storage and attention.
+"""
+
+from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidTokens, InvariantViolation,
+                     OutOfBlocks, PrefixKVError, SequenceTooLong, UnknownSequence)
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from .hashing import BlockHasher, ExtraKeys, MultiModalItem
+from .manager import KVCacheManager, PrefixMatch
+from .pool import BlockPool
+from .prompt import Prompt
+from .sizing import KVSpec, Plan, format_size, parse_size, plan, tail_waste
+from .stats import CacheStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KVCacheManager", "PrefixMatch", "Prompt", "BlockPool", "BlockHasher", "ExtraKeys", "MultiModalItem",
+    "KVSpec", "Plan", "plan", "tail_waste", "parse_size", "format_size", "CacheStats",
+    "KVEvent", "BlockStored", "BlockRemoved", "AllBlocksCleared",
+    "PrefixKVError", "OutOfBlocks", "SequenceTooLong", "UnknownSequence", "DuplicateSequence",
+    "InvalidTokens", "CacheBusy", "InvariantViolation", "HashMismatch",
+]

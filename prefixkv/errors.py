@@ -1,0 +1,70 @@
+"""Typed errors. Every operation that raises one of these has changed nothing."""
+
+from __future__ import annotations
+
+
+class PrefixKVError(Exception):
+    """Base class for every error prefixkv raises on purpose."""
+
+
+class OutOfBlocks(PrefixKVError):
+    """An allocation cannot be satisfied right now; the pool is unchanged.
+
+    ``needed`` counts the blocks the operation would take out of the free pool
+    (fresh blocks plus evictable cache hits it would pin); ``available`` is what
+    the pool can hand out (uncached free blocks plus evictable cached blocks).
+    """
+
+    def __init__(self, needed: int, available: int, what: str = "allocation") -> None:
+        self.needed = needed
+        self.available = available
+        super().__init__(
+            f"{what} needs {needed} free block(s) but only {available} can be freed "
+            f"(uncached free + evictable cached)"
+        )
+
+
+class SequenceTooLong(OutOfBlocks):
+    """The sequence needs more blocks than the whole pool holds: it can never fit."""
+
+    def __init__(self, needed: int, capacity: int, what: str = "sequence") -> None:
+        super().__init__(needed, capacity, what)
+        self.capacity = capacity
+        self.args = (
+            f"{what} needs {needed} block(s) but the pool only has {capacity} in total",
+        )
+
+
+class UnknownSequence(PrefixKVError, KeyError):
+    """The sequence id is not held by the manager (never admitted, or already freed)."""
+
+    def __init__(self, seq_id: object, hint: str = "") -> None:
+        self.seq_id = seq_id
+        super().__init__(f"unknown sequence {seq_id!r}{': ' + hint if hint else ''}")
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class DuplicateSequence(PrefixKVError, ValueError):
+    """A sequence id that is already live was admitted or forked into again."""
+
+    def __init__(self, seq_id: object) -> None:
+        self.seq_id = seq_id
+        super().__init__(f"sequence {seq_id!r} already exists; free it first or pick another id")
+
+
+class InvalidTokens(PrefixKVError, ValueError):
+    """Token ids that cannot be encoded (negative, too large, not integers)."""
+
+
+class CacheBusy(PrefixKVError):
+    """The prefix cache cannot be reset while sequences hold blocks."""
+
+
+class InvariantViolation(PrefixKVError, AssertionError):
+    """``check_invariants`` found the pool's bookkeeping inconsistent (a bug or a leak)."""
+
+
+class HashMismatch(PrefixKVError, ValueError):
+    """Precomputed block hashes do not agree with the stated token count."""

@@ -1,0 +1,235 @@
+"""Chained content hashes for full blocks.
+
+A full block's hash covers its parent's hash, its token ids encoded as
+little-endian uint32 (the same bytes on every platform) and the request's extra
+keys. Extra keys are tagged by their source, so a LoRA adapter named like a
+tenant salt can never produce the same bytes as that salt.
+
+The chain's root comes from a seed: random per process unless pinned, so hashes
+cannot be predicted across processes by default, and agree when a deployment
+pins the seed (reproducible runs, several workers behind one router).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import sys
+from array import array
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import xxhash
+
+from .errors import InvalidTokens
+
+# 4-byte unsigned integer array typecode on this platform ("I" almost everywhere).
+TOKEN_TYPECODE = next(code for code in "ILH" if array(code).itemsize == 4)
+TOKEN_BYTES = 4
+_BIG_ENDIAN = sys.byteorder == "big"
+
+# Drawn once at import and never reassigned: the default root for this process.
+_PROCESS_SEED = int.from_bytes(os.urandom(8), "little")
+
+HASH_ALGORITHMS = {
+    "xxh3_128": (xxhash.xxh3_128_digest, 16),
+    "xxh3_64": (xxhash.xxh3_64_digest, 8),
+}
+
+# Source tags for extra keys. Never renumber: they are part of every hash.
+_TAG_SALT = 1
+_TAG_ADAPTER = 2
+_TAG_MULTIMODAL = 3
+
+
+def encode_tokens(tokens: Iterable[int] | array) -> array:
+    """Token ids as a uint32 array (copied), rejecting values that do not fit.
+
+    Accepts a list/tuple of ints, an ``array``, a numpy array or anything
+    iterable of ints. numpy arrays of any integer dtype are range-checked.
+    """
+    if isinstance(tokens, array) and tokens.typecode == TOKEN_TYPECODE:
+        return array(TOKEN_TYPECODE, tokens)
+    if hasattr(tokens, "dtype") and hasattr(tokens, "tobytes"):
+        return _encode_ndarray(tokens)
+    try:
+        return array(TOKEN_TYPECODE, tokens)
+    except OverflowError as exc:
+        bad = next((t for t in tokens if not 0 <= t < 2**32), None)
+        raise InvalidTokens(f"token id {bad!r} is outside [0, 2**32)") from exc
+    except TypeError as exc:
+        bad = next((t for t in tokens if not isinstance(t, int)), None)
+        raise InvalidTokens(f"token ids must be integers, got {type(bad).__name__} {bad!r}") from exc
+
+
+def _encode_ndarray(values) -> array:
+    import numpy as np
+
+    values = np.asarray(values)
+    if values.ndim != 1:
+        raise InvalidTokens(f"token ids must be one-dimensional, got shape {values.shape}")
+    if values.size and values.dtype.kind not in "iu":
+        raise InvalidTokens(f"token ids must be integers, got dtype {values.dtype}")
+    if values.size and (int(values.min()) < 0 or int(values.max()) >= 2**32):
+        bad = int(values.min()) if int(values.min()) < 0 else int(values.max())
+        raise InvalidTokens(f"token id {bad} is outside [0, 2**32)")
+    out = array(TOKEN_TYPECODE)
+    out.frombytes(values.astype(np.uint32).tobytes())
+    return out
+
+
+def token_bytes(tokens: array, start: int, stop: int) -> bytes:
+    """Little-endian bytes of ``tokens[start:stop]``."""
+    chunk = tokens[start:stop]
+    if _BIG_ENDIAN:
+        chunk.byteswap()
+    return chunk.tobytes()
+
+
+def _tagged(tag: int, payload: bytes) -> bytes:
+    return struct.pack("<BI", tag, len(payload)) + payload
+
+
+def _typed(value: str | bytes | int) -> bytes:
+    if isinstance(value, bool):
+        raise TypeError("extra key values must be str, bytes or int, not bool")
+    if isinstance(value, str):
+        return b"s" + value.encode("utf-8")
+    if isinstance(value, bytes):
+        return b"b" + value
+    if isinstance(value, int):
+        return b"i" + value.to_bytes((value.bit_length() + 8) // 8 + 1, "little", signed=True)
+    raise TypeError(f"extra key values must be str, bytes or int, got {type(value).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class MultiModalItem:
+    """A multimodal input (image, audio clip) occupying token positions
+    ``[start, start + length)`` of a sequence. Blocks that overlap it hash the
+    item's identifier and its offset relative to the block start."""
+
+    identifier: str | bytes | int
+    start: int
+    length: int
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.length <= 0:
+            raise ValueError(f"multimodal item needs start >= 0 and length > 0, got {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class ExtraKeys:
+    """Everything besides token ids that decides whether two blocks hold the same KV.
+
+    ``salt`` isolates tenants (a salted request never shares with another salt
+    or with unsalted requests); ``adapter`` is the LoRA/adapter id the KV was
+    computed under; ``multimodal`` lists items whose content is not in the ids.
+    """
+
+    salt: str | bytes | int | None = None
+    adapter: str | bytes | int | None = None
+    multimodal: tuple[MultiModalItem, ...] = ()
+
+    def is_empty(self) -> bool:
+        return self.salt is None and self.adapter is None and not self.multimodal
+
+    def static_suffix(self) -> bytes:
+        """Bytes appended to every block's hash input (salt and adapter)."""
+        out = b""
+        if self.salt is not None:
+            out += _tagged(_TAG_SALT, _typed(self.salt))
+        if self.adapter is not None:
+            out += _tagged(_TAG_ADAPTER, _typed(self.adapter))
+        return out
+
+    def block_suffix(self, block_index: int, block_size: int) -> bytes:
+        """Bytes for multimodal items overlapping block ``block_index``."""
+        lo = block_index * block_size
+        hi = lo + block_size
+        out = b""
+        for item in self.multimodal:
+            if item.start < hi and item.start + item.length > lo:
+                payload = _typed(item.identifier) + struct.pack("<q", item.start - lo)
+                out += _tagged(_TAG_MULTIMODAL, payload)
+        return out
+
+
+NO_EXTRA_KEYS = ExtraKeys()
+
+
+class BlockHasher:
+    """Computes chained block hashes for one block size, algorithm and seed."""
+
+    __slots__ = ("block_size", "algorithm", "seed", "digest_size", "root", "_digest")
+
+    def __init__(self, block_size: int, seed: int | None = None, algorithm: str = "xxh3_128") -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        if algorithm not in HASH_ALGORITHMS:
+            raise ValueError(f"unknown hash algorithm {algorithm!r}; choose from {sorted(HASH_ALGORITHMS)}")
+        self.block_size = block_size
+        self.algorithm = algorithm
+        self.seed = _PROCESS_SEED if seed is None else seed
+        self._digest, self.digest_size = HASH_ALGORITHMS[algorithm]
+        seed_bytes = (self.seed % 2**128).to_bytes(16, "little")
+        self.root = self._digest(b"prefixkv/root/v1" + seed_bytes + struct.pack("<I", block_size))
+
+    def hash_blocks(
+        self,
+        tokens: array,
+        first_block: int,
+        stop_block: int,
+        parent: bytes | None,
+        extra: ExtraKeys = NO_EXTRA_KEYS,
+    ) -> list[bytes]:
+        """Hashes of full blocks ``first_block .. stop_block-1`` of ``tokens``.
+
+        ``parent`` is the hash of block ``first_block - 1`` (None for the root).
+        Only these blocks are hashed: callers keep earlier hashes, so appending
+        tokens hashes just the blocks that became full.
+        """
+        size = self.block_size
+        width = size * TOKEN_BYTES
+        digest = self._digest
+        prev = self.root if parent is None else parent
+        start = first_block * size
+        buf = token_bytes(tokens, start, stop_block * size)
+        out: list[bytes] = []
+        append = out.append
+        if extra.multimodal:
+            suffix = extra.static_suffix()
+            for i in range(stop_block - first_block):
+                data = buf[i * width:(i + 1) * width] + suffix + extra.block_suffix(first_block + i, size)
+                prev = digest(prev + data)
+                append(prev)
+        elif extra.salt is not None or extra.adapter is not None:
+            suffix = extra.static_suffix()
+            for offset in range(0, len(buf), width):
+                prev = digest(prev + buf[offset:offset + width] + suffix)
+                append(prev)
+        else:
+            for offset in range(0, len(buf), width):
+                prev = digest(prev + buf[offset:offset + width])
+                append(prev)
+        return out
+
+    def block_content(self, tokens: array, block_index: int, extra: ExtraKeys = NO_EXTRA_KEYS) -> bytes:
+        """What verification mode stores per cached block: tokens plus extra keys."""
+        size = self.block_size
+        data = token_bytes(tokens, block_index * size, (block_index + 1) * size)
+        if not extra.is_empty():
+            data += extra.static_suffix() + extra.block_suffix(block_index, size)
+        return data
+
+
+def as_hash_list(block_hashes: Sequence[object]) -> list[object]:
+    """Precomputed hashes as a list, rejecting unhashable or None entries."""
+    out = list(block_hashes)
+    for i, h in enumerate(out):
+        if h is None:
+            raise ValueError(f"block hash {i} is None")
+        try:
+            hash(h)
+        except TypeError as exc:
+            raise ValueError(f"block hash {i} ({type(h).__name__}) is not hashable") from exc
+    return out

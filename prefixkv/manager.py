@@ -1,0 +1,582 @@
+"""The sequence-level KV cache manager: block tables over a shared block pool.
+
+Questions and actions come in pairs. ``match`` / ``blocks_needed_to_append``
+change nothing; ``admit`` / ``append`` / ``resume`` check capacity first and
+mutate after, so a call that raises leaves every table, refcount, queue and
+statistic exactly as it was.
+
+Contract with the caller that writes KV: blocks are published to the prefix
+cache when they are allocated full (or become full by an append), before their
+KV is written. The caller must write the KV of every allocated token in the
+same step, before any other sequence's attention reads it (a packed forward
+that writes each layer's KV before that layer's attention satisfies this).
+Copies returned by ``take_copies`` must run before the writes of that step.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from typing import Hashable, Iterable, Sequence
+
+import numpy as np
+
+from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidTokens, InvariantViolation,
+                     OutOfBlocks, SequenceTooLong, UnknownSequence)
+from .events import KVEvent
+from .hashing import NO_EXTRA_KEYS, TOKEN_TYPECODE, BlockHasher, ExtraKeys, as_hash_list, encode_tokens
+from .policies import make_policy
+from .pool import BlockPool
+from .prompt import Prompt
+from .stats import CacheStats
+
+_MAX_TOKEN = 2**32
+
+
+@dataclass(slots=True)
+class _Sequence:
+    table: list[int]
+    num_tokens: int
+    tokens: array | None          # None: the sequence came with precomputed hashes
+    hashes: list[Hashable]        # hashes of its full blocks, in chain order
+    extra: ExtraKeys
+    priority: int
+    publishable: bool = True      # False once a block could not be published
+    preempted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixMatch:
+    """The answer of ``match``: what ``admit`` would do right now."""
+
+    hit_tokens: int      # leading tokens served from the cache
+    hit_blocks: int
+    total_blocks: int    # blocks the sequence would hold
+    blocks_needed: int   # taken from the free pool (fresh + evictable hits it would pin)
+    fits: bool           # blocks_needed <= free blocks now
+
+
+class KVCacheManager:
+    """Paged KV cache bookkeeping with automatic prefix caching.
+
+    >>> mgr = KVCacheManager(num_blocks=64, block_size=4, hash_seed=0)
+    >>> mgr.admit("a", list(range(10)))          # 10 tokens, nothing cached yet
+    0
+    >>> mgr.append("a", [10, 11])                 # decode
+    >>> mgr.free("a")
+    >>> mgr.admit("b", list(range(10)))          # same prompt: two full blocks hit
+    8
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, *, policy="lru", hash_seed: int | None = None,
+                 hash_algorithm: str = "xxh3_128", verify: bool = False, record_events: bool = False,
+                 enable_caching: bool = True) -> None:
+        if isinstance(policy, str):
+            policy = make_policy(policy)
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.hasher = BlockHasher(block_size, seed=hash_seed, algorithm=hash_algorithm)
+        self.pool = BlockPool(num_blocks, block_size, policy, verify=verify, record_events=record_events)
+        self._seqs: dict[Hashable, _Sequence] = {}
+        self._copies: list[tuple[int, int]] = []
+        self._counters = dict(admitted=0, query_tokens=0, hit_tokens=0, cow_copies=0, preemptions=0,
+                              recomputed_tokens=0, resumed_hit_tokens=0)
+
+    # -- preparing input -----------------------------------------------------
+    def prompt(self, tokens, *, extra: ExtraKeys | None = None, salt=None, adapter=None,
+               multimodal=()) -> Prompt:
+        """Encode and (lazily) hash a token prompt once, for ``match`` and ``admit``."""
+        if extra is None:
+            extra = NO_EXTRA_KEYS if (salt is None and adapter is None and not multimodal) else \
+                ExtraKeys(salt=salt, adapter=adapter, multimodal=tuple(multimodal))
+        encoded = encode_tokens(tokens)
+        return Prompt(self.hasher, encoded, len(encoded), extra)
+
+    def prompt_from_hashes(self, block_hashes: Sequence[Hashable], num_tokens: int) -> Prompt:
+        """A prompt known only by precomputed, prefix-chained block hashes (traces).
+
+        Equal hash must mean equal prefix. ``block_hashes`` holds one hash per
+        full block, optionally plus one for a partial last block (ignored: only
+        full blocks are cached).
+        """
+        if num_tokens < 0:
+            raise HashMismatch(f"num_tokens must be >= 0, got {num_tokens}")
+        hashes = as_hash_list(block_hashes)
+        full, partial = divmod(num_tokens, self.block_size)
+        if len(hashes) not in (full, full + (1 if partial else 0)):
+            raise HashMismatch(
+                f"{len(hashes)} block hash(es) contradict {num_tokens} tokens at block size "
+                f"{self.block_size} (expected {full}{' or ' + str(full + 1) if partial else ''})")
+        return Prompt(self.hasher, None, num_tokens, NO_EXTRA_KEYS, hashes[:full])
+
+    def _as_prompt(self, prompt) -> Prompt:
+        if isinstance(prompt, Prompt):
+            if prompt.hasher is not self.hasher:
+                raise ValueError("this prompt was prepared by another manager (its hashes differ)")
+            return prompt
+        return self.prompt(prompt)
+
+    # -- questions -----------------------------------------------------------
+    def _lookup(self, prompt: Prompt, compute_last_token: bool) -> list[int]:
+        n = prompt.num_tokens
+        if not self.enable_caching or n == 0:
+            return []
+        limit = (n - 1 if compute_last_token else n) // self.block_size
+        hashes = prompt.block_hashes()
+        get = self.pool.lookup
+        hits: list[int] = []
+        if self.pool.verify and prompt.tokens is not None:
+            content = self.pool.content
+            parent_hash = self.pool.parent_hash
+            for i in range(min(limit, len(hashes))):
+                block = get(hashes[i])
+                if block is None or content[block] != self.hasher.block_content(
+                        prompt.tokens, i, prompt.extra) or parent_hash[block] != (hashes[i - 1] if i else None):
+                    break
+                hits.append(block)
+            return hits
+        append = hits.append
+        for h in hashes[:limit]:
+            block = get(h)
+            if block is None:
+                break
+            append(block)
+        return hits
+
+    def _blocks_needed(self, prompt: Prompt, hits: list[int]) -> tuple[int, int]:
+        total = -(-prompt.num_tokens // self.block_size)
+        ref = self.pool.ref_count
+        pinned = sum(1 for b in hits if not ref[b])
+        return total, total - len(hits) + pinned
+
+    def match(self, prompt, *, compute_last_token: bool = True) -> PrefixMatch:
+        """How many leading tokens are cached, and whether admission fits. Read-only.
+
+        With ``compute_last_token`` (the default) at least one token is left to
+        compute, so a fully cached, block-aligned prompt recomputes its last
+        block: the model needs the last token's logits.
+        """
+        prompt = self._as_prompt(prompt)
+        hits = self._lookup(prompt, compute_last_token)
+        total, needed = self._blocks_needed(prompt, hits)
+        return PrefixMatch(len(hits) * self.block_size, len(hits), total, needed,
+                           total <= self.pool.num_blocks and needed <= self.pool.num_free)
+
+    def blocks_needed_to_append(self, seq_id: Hashable, num_tokens: int) -> int:
+        """Free blocks an append of ``num_tokens`` would take (fresh + copy-on-write)."""
+        seq = self._running(seq_id)
+        return self._append_need(seq, num_tokens)[0]
+
+    def _append_need(self, seq: _Sequence, k: int) -> tuple[int, bool, int]:
+        n = seq.num_tokens
+        size = self.block_size
+        partial = n % size
+        cow = bool(partial) and self.pool.ref_count[seq.table[-1]] > 1
+        fresh = -(-(n + k) // size) - len(seq.table)
+        return fresh + cow, cow, fresh
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    def __contains__(self, seq_id: Hashable) -> bool:
+        return seq_id in self._seqs
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def num_tokens(self, seq_id: Hashable) -> int:
+        return self._get(seq_id).num_tokens
+
+    def is_preempted(self, seq_id: Hashable) -> bool:
+        return self._get(seq_id).preempted
+
+    # -- actions -------------------------------------------------------------
+    def admit(self, seq_id: Hashable, prompt, *, compute_last_token: bool = True, priority: int = 0) -> int:
+        """Give ``seq_id`` a block table for ``prompt``: cache hits plus fresh blocks.
+
+        All or nothing. Returns the number of leading tokens served from the
+        cache; the caller computes (and writes the KV of) the rest.
+        """
+        if seq_id in self._seqs:
+            raise DuplicateSequence(seq_id)
+        prompt = self._as_prompt(prompt)
+        seq = _Sequence([], 0, None if prompt.tokens is None else array(TOKEN_TYPECODE),
+                        [], prompt.extra, priority)
+        hit_tokens = self._place(seq, prompt, compute_last_token, "admission")
+        self._seqs[seq_id] = seq
+        counters = self._counters
+        counters["admitted"] += 1
+        counters["query_tokens"] += prompt.num_tokens
+        counters["hit_tokens"] += hit_tokens
+        return hit_tokens
+
+    def _place(self, seq: _Sequence, prompt: Prompt, compute_last_token: bool, what: str) -> int:
+        """Allocate ``prompt``'s blocks into the empty ``seq``; raises before mutating."""
+        pool = self.pool
+        hits = self._lookup(prompt, compute_last_token)
+        total, needed = self._blocks_needed(prompt, hits)
+        if total > pool.num_blocks:
+            raise SequenceTooLong(total, pool.num_blocks, f"{what} of {prompt.num_tokens} tokens")
+        if needed > pool.num_free:
+            raise OutOfBlocks(needed, pool.num_free, f"{what} of {prompt.num_tokens} tokens")
+        # Hashing may still raise on bad input; do it before touching the pool.
+        hashes = prompt.block_hashes() if self.enable_caching else []
+        pool.acquire_hits(hits)
+        fresh = pool.allocate(total - len(hits))
+        size = self.block_size
+        n = prompt.num_tokens
+        num_tokens = pool.num_tokens
+        for block in fresh:
+            num_tokens[block] = size
+        if n % size:
+            num_tokens[fresh[-1]] = n % size
+        table = hits
+        table.extend(fresh)
+        seq.table = table
+        seq.num_tokens = n
+        if prompt.tokens is not None:
+            seq.tokens = array(TOKEN_TYPECODE, prompt.tokens)
+        seq.hashes = list(hashes)
+        if self.enable_caching:
+            self._publish(seq, len(table) - len(fresh), n // size)
+        return (len(table) - len(fresh)) * size
+
+    def _publish(self, seq: _Sequence, first: int, stop: int) -> None:
+        """Publish the sequence's full blocks ``first .. stop-1`` (their hashes are known)."""
+        if not seq.publishable or first >= stop:
+            return
+        pool = self.pool
+        hashes = seq.hashes
+        table = seq.table
+        verify = pool.verify and seq.tokens is not None
+        events = pool.events is not None
+        extra = seq.extra if events else None
+        publish = pool.publish
+        for i in range(first, min(stop, len(hashes))):
+            content = self.hasher.block_content(seq.tokens, i, seq.extra) if verify else None
+            if not publish(table[i], hashes[i], hashes[i - 1] if i else None, i, content, extra):
+                seq.publishable = False  # a collision: later blocks would chain from it
+                return
+        if len(hashes) < stop:
+            seq.publishable = False
+
+    def append(self, seq_id: Hashable, tokens) -> None:
+        """Append token ids (decode or a prefill chunk) to a token sequence.
+
+        Allocates a block when the tail is full and copies on write when the
+        tail is shared and partly filled (see ``take_copies``). Blocks that
+        become full are hashed and published, generated tokens included.
+        """
+        seq = self._running(seq_id)
+        if seq.tokens is None:
+            raise TypeError(f"sequence {seq_id!r} was admitted by hashes; use append_slots")
+        new = encode_tokens(tokens)
+        if not new:
+            return
+        old_full = seq.num_tokens // self.block_size
+        self._grow(seq, len(new))
+        seq.tokens.extend(new)
+        self._hash_and_publish(seq, old_full)
+
+    def append_token(self, seq_id: Hashable, token: int) -> int:
+        """Append one token (the decode fast path); returns its physical slot."""
+        seq = self._seqs.get(seq_id)
+        if seq is None or seq.preempted:
+            self._running(seq_id)
+        if seq.tokens is None:
+            raise TypeError(f"sequence {seq_id!r} was admitted by hashes; use append_slots")
+        if type(token) is not int or not 0 <= token < _MAX_TOKEN:
+            token = encode_tokens([token])[0]
+        size = self.block_size
+        n = seq.num_tokens
+        offset = n % size
+        table = seq.table
+        pool = self.pool
+        if offset == 0 or pool.ref_count[table[-1]] > 1:
+            self._grow(seq, 1)
+        else:
+            pool.num_tokens[table[-1]] = offset + 1
+            seq.num_tokens = n + 1
+        seq.tokens.append(token)
+        if offset == size - 1 and self.enable_caching and seq.publishable:
+            self._hash_and_publish(seq, n // size)
+        return table[-1] * size + offset
+
+    def append_slots(self, seq_id: Hashable, num_tokens: int, block_hashes: Sequence[Hashable] = ()) -> None:
+        """Grow a sequence admitted by hashes by ``num_tokens`` slots.
+
+        ``block_hashes`` gives the hashes of the blocks this append fills (all
+        of them, or none: a block without a hash is not published, and neither
+        is anything after it in the chain).
+        """
+        seq = self._running(seq_id)
+        if seq.tokens is not None:
+            raise TypeError(f"sequence {seq_id!r} holds token ids; use append")
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        size = self.block_size
+        old_full = seq.num_tokens // size
+        newly_full = (seq.num_tokens + num_tokens) // size - old_full
+        hashes = as_hash_list(block_hashes)
+        if hashes and len(hashes) != newly_full:
+            raise HashMismatch(f"{len(hashes)} hash(es) given but the append fills {newly_full} block(s)")
+        if hashes and len(seq.hashes) != old_full:
+            raise HashMismatch("the sequence's hash chain is already broken; later hashes cannot follow it")
+        if not num_tokens:
+            return
+        self._grow(seq, num_tokens)
+        seq.hashes.extend(hashes)
+        if self.enable_caching:
+            self._publish(seq, old_full, old_full + newly_full)
+
+    def _hash_and_publish(self, seq: _Sequence, old_full: int) -> None:
+        new_full = seq.num_tokens // self.block_size
+        if new_full <= old_full or not self.enable_caching or not seq.publishable:
+            return
+        hashes = seq.hashes
+        parent = hashes[old_full - 1] if old_full else None
+        hashes.extend(self.hasher.hash_blocks(seq.tokens, old_full, new_full, parent, seq.extra))
+        self._publish(seq, old_full, new_full)
+
+    def _grow(self, seq: _Sequence, k: int) -> None:
+        """Make room for ``k`` more tokens: copy-on-write of a shared partial tail,
+        then fresh blocks. Checks capacity before changing anything."""
+        pool = self.pool
+        needed, cow, fresh = self._append_need(seq, k)
+        if needed:
+            total = len(seq.table) + fresh
+            if total > pool.num_blocks:
+                raise SequenceTooLong(total, pool.num_blocks, f"append of {k} token(s)")
+            if needed > pool.num_free:
+                raise OutOfBlocks(needed, pool.num_free, f"append of {k} token(s)")
+        table = seq.table
+        blocks = pool.allocate(needed) if needed else []
+        size = self.block_size
+        n = seq.num_tokens
+        if cow:
+            old = table[-1]
+            new = blocks.pop(0)
+            pool.num_tokens[new] = n % size
+            self._copies.append((old, new))
+            table[-1] = new          # switch the mapping only once the copy target exists
+            pool.release((old,))     # still held by the sequence(s) we forked from
+            self._counters["cow_copies"] += 1
+        table.extend(blocks)
+        num_tokens = pool.num_tokens
+        end = n + k
+        for index in range(n // size, -(-end // size)):
+            num_tokens[table[index]] = min(size, end - index * size)
+        seq.num_tokens = end
+
+    def decode_step(self, seq_ids: Sequence[Hashable], tokens: Sequence[int]) -> np.ndarray:
+        """Append one token to each sequence, all or nothing; returns their slots (int64).
+
+        The capacity of the whole round is checked before any table changes, so
+        a batch that does not fit raises OutOfBlocks and nothing was published.
+        """
+        if len(seq_ids) != len(tokens):
+            raise ValueError(f"{len(seq_ids)} sequences but {len(tokens)} tokens")
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError("a sequence appears twice in one decode step")
+        encode_tokens(tokens)  # validates every token before anything changes
+        seqs = [self._running(s) for s in seq_ids]
+        if any(seq.tokens is None for seq in seqs):
+            raise TypeError("decode_step needs token sequences; use append_slots for hashed ones")
+        needed = sum(self._append_need(seq, 1)[0] for seq in seqs)
+        if needed > self.pool.num_free:
+            raise OutOfBlocks(needed, self.pool.num_free, f"decode step of {len(seqs)} sequence(s)")
+        out = np.empty(len(seqs), dtype=np.int64)
+        append_token = self.append_token
+        for i, seq_id in enumerate(seq_ids):
+            out[i] = append_token(seq_id, tokens[i])
+        return out
+
+    def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
+        """The child shares every block of the parent; later writes copy on write."""
+        parent = self._running(parent_id)
+        if child_id in self._seqs:
+            raise DuplicateSequence(child_id)
+        child = _Sequence(list(parent.table), parent.num_tokens,
+                          None if parent.tokens is None else array(TOKEN_TYPECODE, parent.tokens),
+                          list(parent.hashes), parent.extra, parent.priority, parent.publishable)
+        self.pool.share(parent.table)
+        self._seqs[child_id] = child
+
+    def free(self, seq_id: Hashable) -> None:
+        """Release a sequence on finish, cancel or error alike (tail first).
+
+        Cached full blocks stay in the prefix cache as evictable blocks.
+        """
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            raise UnknownSequence(seq_id, "never admitted or already freed")
+        if seq.table:
+            self.pool.release(reversed(seq.table), seq.priority)
+
+    cancel = free
+
+    def preempt(self, seq_id: Hashable) -> int:
+        """Drop a running sequence's KV (recompute preemption); returns the tokens
+        whose KV is gone. Its blocks stay cached; ``resume`` re-admits it."""
+        seq = self._running(seq_id)
+        self.pool.release(reversed(seq.table), seq.priority)
+        seq.table = []
+        seq.preempted = True
+        self._counters["preemptions"] += 1
+        return seq.num_tokens
+
+    def resume(self, seq_id: Hashable, *, compute_last_token: bool = True) -> int:
+        """Re-admit a preempted sequence; returns how many tokens must be recomputed.
+
+        Blocks still cached are reused, but they are not prefix-cache hits in
+        the statistics (the sequence had computed them itself).
+        """
+        seq = self._get(seq_id)
+        if not seq.preempted:
+            raise ValueError(f"sequence {seq_id!r} is running, not preempted")
+        prompt = Prompt(self.hasher, seq.tokens, seq.num_tokens, seq.extra, seq.hashes)
+        trial = _Sequence([], 0, None, [], seq.extra, seq.priority, seq.publishable)
+        reused = self._place(trial, prompt, compute_last_token, "resume")
+        seq.table = trial.table
+        seq.hashes = trial.hashes
+        seq.publishable = trial.publishable
+        seq.preempted = False
+        recompute = seq.num_tokens - reused
+        self._counters["recomputed_tokens"] += recompute
+        self._counters["resumed_hit_tokens"] += reused
+        return recompute
+
+    def reset_prefix_cache(self, *, preempt_running: bool = False) -> list[Hashable]:
+        """Forget every cached block. Refused while sequences hold blocks, unless
+        ``preempt_running``: then they are preempted first. Returns those ids."""
+        holders = [s for s, seq in self._seqs.items() if seq.table]
+        if holders and not preempt_running:
+            raise CacheBusy(f"{self.pool.num_active} block(s) are held by {len(holders)} sequence(s); "
+                            "free them or pass preempt_running=True")
+        for seq_id in holders:
+            self.preempt(seq_id)
+        self.pool.clear_cache()
+        return holders
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """Pending (src, dst) block copies from copy-on-write, oldest first; clears them."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    def drain_events(self) -> list[KVEvent]:
+        return self.pool.drain_events()
+
+    # -- tables for kernels --------------------------------------------------
+    def block_ids(self, seq_id: Hashable) -> list[int]:
+        return list(self._get(seq_id).table)
+
+    def block_table(self, seq_id: Hashable) -> np.ndarray:
+        return np.array(self._get(seq_id).table, dtype=np.int32)
+
+    def block_tables(self, seq_ids: Sequence[Hashable], *, width: int | None = None, pad: int = 0) -> np.ndarray:
+        """A [len(seq_ids), width] int32 matrix, padded with ``pad`` (kernels mask by length)."""
+        tables = [self._get(s).table for s in seq_ids]
+        longest = max((len(t) for t in tables), default=0)
+        width = longest if width is None else width
+        if width < longest:
+            raise ValueError(f"width {width} is shorter than the longest block table ({longest})")
+        out = np.full((len(tables), width), pad, dtype=np.int32)
+        for row, table in enumerate(tables):
+            out[row, :len(table)] = table
+        return out
+
+    def slot_mapping(self, seq_id: Hashable, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Physical slots (block * B + offset, int64) of positions ``start .. stop-1``."""
+        seq = self._running(seq_id)
+        stop = seq.num_tokens if stop is None else stop
+        if not 0 <= start <= stop <= seq.num_tokens:
+            raise IndexError(f"positions [{start}, {stop}) outside the sequence's {seq.num_tokens} tokens")
+        positions = np.arange(start, stop, dtype=np.int64)
+        table = np.asarray(seq.table, dtype=np.int64)
+        return table[positions // self.block_size] * self.block_size + positions % self.block_size
+
+    # -- observability -------------------------------------------------------
+    def stats(self) -> CacheStats:
+        pool = self.pool
+        size = self.block_size
+        waste = 0
+        seen: set[int] = set()
+        lengths = []
+        for seq in self._seqs.values():
+            if not seq.table:
+                continue
+            lengths.append(len(seq.table))
+            tail = seq.table[-1]
+            if tail not in seen:
+                seen.add(tail)
+                waste += size - pool.num_tokens[tail]
+        c = self._counters
+        return CacheStats(
+            capacity=pool.num_blocks, block_size=size, active_blocks=pool.num_active,
+            evictable_blocks=pool.num_evictable, free_uncached_blocks=pool.num_free_uncached,
+            cached_hashes=pool.num_cached, sequences=len(self._seqs),
+            preempted_sequences=sum(1 for s in self._seqs.values() if s.preempted),
+            admitted=c["admitted"], query_tokens=c["query_tokens"], hit_tokens=c["hit_tokens"],
+            evictions=pool.evictions, cow_copies=c["cow_copies"], preemptions=c["preemptions"],
+            recomputed_tokens=c["recomputed_tokens"], resumed_hit_tokens=c["resumed_hit_tokens"],
+            tail_waste_slots=waste, block_table_lengths=tuple(lengths),
+        )
+
+    def check_invariants(self) -> None:
+        """Raise InvariantViolation unless the bookkeeping is consistent.
+
+        Refcount of every block == number of block tables holding it; no free
+        or evictable block in a table; the hash map agrees with block hashes;
+        active + evictable + free-uncached == capacity; each table has exactly
+        the blocks its length needs and each block's valid-token count matches.
+        """
+        pool = self.pool
+        size = self.block_size
+        running = [seq for seq in self._seqs.values() if not seq.preempted]
+        pool.check(seq.table for seq in running)
+        for seq_id, seq in self._seqs.items():
+            if seq.preempted:
+                if seq.table:
+                    raise InvariantViolation(f"preempted sequence {seq_id!r} still holds blocks")
+                continue
+            if len(seq.table) != -(-seq.num_tokens // size):
+                raise InvariantViolation(
+                    f"sequence {seq_id!r}: {len(seq.table)} blocks for {seq.num_tokens} tokens")
+            if seq.tokens is not None and len(seq.tokens) != seq.num_tokens:
+                raise InvariantViolation(f"sequence {seq_id!r}: token buffer length disagrees")
+            for index, block in enumerate(seq.table):
+                expect = min(size, seq.num_tokens - index * size)
+                if pool.num_tokens[block] != expect:
+                    raise InvariantViolation(
+                        f"sequence {seq_id!r} block {index} (physical {block}) holds "
+                        f"{pool.num_tokens[block]} valid tokens, expected {expect}")
+                cached = pool.block_hash[block]
+                if cached is not None and (index >= len(seq.hashes) or seq.hashes[index] != cached):
+                    raise InvariantViolation(
+                        f"sequence {seq_id!r} block {index} maps to physical {block}, "
+                        "which caches a different hash")
+            if len(seq.table) and seq.num_tokens % size and pool.ref_count[seq.table[-1]] > 1:
+                sharers = [s for s in running if s.table and s.table[-1] == seq.table[-1]]
+                if any(s.num_tokens != seq.num_tokens for s in sharers):
+                    raise InvariantViolation(f"sequences sharing partial tail {seq.table[-1]} disagree on length")
+
+    def snapshot(self):
+        """The manager's full state as a comparable value (tests: a failed call changes nothing)."""
+        seqs = tuple(sorted(
+            ((repr(k), tuple(s.table), s.num_tokens, None if s.tokens is None else s.tokens.tobytes(),
+              tuple(s.hashes), s.publishable, s.preempted) for k, s in self._seqs.items())))
+        return seqs, self.pool.snapshot(), tuple(self._copies), tuple(sorted(self._counters.items()))
+
+    # -- helpers -------------------------------------------------------------
+    def _get(self, seq_id: Hashable) -> _Sequence:
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise UnknownSequence(seq_id, "never admitted or already freed")
+        return seq
+
+    def _running(self, seq_id: Hashable) -> _Sequence:
+        seq = self._get(seq_id)
+        if seq.preempted:
+            raise UnknownSequence(seq_id, "it is preempted; resume it first")
+        return seq

@@ -1,0 +1,289 @@
+"""The physical block pool: refcounts, the prefix-cache hash map, free blocks.
+
+Every block is in exactly one state:
+
+* free-uncached   refcount 0, no hash; kept in a LIFO list;
+* active          refcount > 0 (held by at least one block table);
+* evictable       refcount 0, hash kept; ordered by the eviction policy.
+
+Conservation: active + evictable + free-uncached == num_blocks.
+
+Per-block metadata lives in flat lists indexed by block id (no per-block
+objects): the hot paths are a few list stores per block.
+
+Two physical blocks can hold the same hash (two sequences filled the same
+content without hitting each other, or a fully cached prompt recomputed its
+last block). The first is the *primary*, found by lookups; later ones are
+*duplicates*, tracked while active and dropped (to free-uncached) when
+released, since the primary already caches that content. If the primary is
+evicted while a duplicate is active, the duplicate becomes the primary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Iterable
+
+from .errors import InvariantViolation, OutOfBlocks
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from .hashing import ExtraKeys
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int, policy, *, verify: bool = False,
+                 record_events: bool = False) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.verify = verify
+        self.ref_count: list[int] = [0] * num_blocks
+        self.num_tokens: list[int] = [0] * num_blocks      # valid token slots
+        self.block_hash: list[Hashable | None] = [None] * num_blocks  # primaries only
+        self.parent_hash: list[Hashable | None] = [None] * num_blocks
+        self.depth: list[int] = [0] * num_blocks           # index in its prefix chain
+        self.priority: list[int] = [0] * num_blocks        # of the last sequence releasing it
+        self.content: list[bytes | None] = [None] * num_blocks if verify else []
+        self._cached: dict[Hashable, int] = {}             # hash -> primary block
+        self._duplicate_hash: dict[int, Hashable] = {}     # active duplicate -> its hash
+        self._duplicates: dict[Hashable, list[int]] = {}   # hash -> active duplicates
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pops block 0 first
+        self.evictions = 0
+        self.events: list[KVEvent] | None = [] if record_events else None
+        self.policy = policy
+        policy.bind(self)
+
+    # -- questions -----------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Blocks an allocation can take: uncached free plus evictable cached."""
+        return len(self._free) + len(self.policy)
+
+    @property
+    def num_free_uncached(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_evictable(self) -> int:
+        return len(self.policy)
+
+    @property
+    def num_active(self) -> int:
+        return self.num_blocks - len(self._free) - len(self.policy)
+
+    @property
+    def num_cached(self) -> int:
+        """Distinct hashes in the prefix cache (active or evictable)."""
+        return len(self._cached)
+
+    def lookup(self, block_hash: Hashable) -> int | None:
+        return self._cached.get(block_hash)
+
+    def is_cached(self, block: int) -> bool:
+        return self.block_hash[block] is not None
+
+    # -- actions -------------------------------------------------------------
+    def acquire_hits(self, blocks: Iterable[int]) -> None:
+        """Take one more reference on each cache-hit block (pins evictable ones)."""
+        ref = self.ref_count
+        on_hit = self.policy.on_hit
+        for block in blocks:
+            count = ref[block]
+            on_hit(block, count == 0)
+            ref[block] = count + 1
+
+    def share(self, blocks: Iterable[int]) -> None:
+        """One more reference on blocks that are already active (fork)."""
+        ref = self.ref_count
+        for block in blocks:
+            ref[block] += 1
+
+    def allocate(self, n: int) -> list[int]:
+        """``n`` fresh blocks with refcount 1, uncached ones first, then victims.
+
+        Raises OutOfBlocks (changing nothing) if fewer than ``n`` can be freed.
+        """
+        free = self._free
+        if n > len(free):
+            available = len(free) + len(self.policy)
+            if n > available:
+                raise OutOfBlocks(n, available)
+            out = free[::-1]
+            free.clear()
+            evict = self._evict_one
+            out.extend(evict() for _ in range(n - len(out)))
+        elif n:
+            out = free[:-n - 1:-1]
+            del free[-n:]
+        else:
+            return []
+        ref = self.ref_count
+        for block in out:
+            ref[block] = 1
+        return out
+
+    def _evict_one(self) -> int:
+        block = self.policy.evict()
+        block_hash = self.block_hash[block]
+        self.block_hash[block] = None
+        self.evictions += 1
+        duplicates = self._duplicates.get(block_hash)
+        if duplicates:
+            self._promote(duplicates.pop(), block_hash, block)
+            if not duplicates:
+                del self._duplicates[block_hash]
+        else:
+            del self._cached[block_hash]
+            if self.events is not None:
+                self.events.append(BlockRemoved(block_hash, block))
+        return block
+
+    def _promote(self, duplicate: int, block_hash: Hashable, evicted: int) -> None:
+        del self._duplicate_hash[duplicate]
+        self._cached[block_hash] = duplicate
+        self.block_hash[duplicate] = block_hash
+        self.parent_hash[duplicate] = self.parent_hash[evicted]
+        self.depth[duplicate] = self.depth[evicted]
+        if self.verify:
+            self.content[duplicate] = self.content[evicted]
+        self.policy.on_cached(duplicate)
+
+    def publish(self, block: int, block_hash: Hashable, parent_hash: Hashable | None, depth: int,
+                content: bytes | None = None, extra: ExtraKeys | None = None) -> bool:
+        """Enter an active, full block into the prefix cache.
+
+        Returns False (and publishes nothing) only in verify mode when the hash
+        is already cached for different content: a collision, kept as a miss.
+        """
+        primary = self._cached.get(block_hash)
+        if primary is not None:
+            if self.verify and content is not None and (
+                    self.content[primary] != content or self.parent_hash[primary] != parent_hash):
+                return False
+            self._duplicate_hash[block] = block_hash
+            self._duplicates.setdefault(block_hash, []).append(block)
+            return True
+        self._cached[block_hash] = block
+        self.block_hash[block] = block_hash
+        self.parent_hash[block] = parent_hash
+        self.depth[block] = depth
+        if self.verify:
+            self.content[block] = content
+        self.policy.on_cached(block)
+        if self.events is not None:
+            self.events.append(BlockStored(block_hash, parent_hash, self.num_tokens[block], extra, block))
+        return True
+
+    def release(self, blocks_in_order: Iterable[int], priority: int = 0) -> None:
+        """Drop one reference from each block, in the order given (tail first).
+
+        A block whose count reaches 0 becomes evictable if it is a cached
+        primary, else goes back to the uncached free list.
+        """
+        ref = self.ref_count
+        block_hash = self.block_hash
+        free_append = self._free.append
+        on_released = self.policy.on_released
+        prio = self.priority
+        for block in blocks_in_order:
+            count = ref[block] - 1
+            ref[block] = count
+            if count:
+                continue
+            if block_hash[block] is not None:
+                prio[block] = priority
+                on_released(block)
+            else:
+                if self._duplicate_hash:
+                    self._drop_duplicate(block)
+                free_append(block)
+
+    def _drop_duplicate(self, block: int) -> None:
+        block_hash = self._duplicate_hash.pop(block, None)
+        if block_hash is None:
+            return
+        duplicates = self._duplicates[block_hash]
+        duplicates.remove(block)
+        if not duplicates:
+            del self._duplicates[block_hash]
+
+    def clear_cache(self) -> None:
+        """Forget every hash; evictable blocks become free-uncached.
+
+        The caller guarantees no block is active (the manager checks).
+        """
+        if self.num_active:
+            raise InvariantViolation("clear_cache called while blocks are active")
+        self._cached.clear()
+        self._duplicates.clear()
+        self._duplicate_hash.clear()
+        self.block_hash = [None] * self.num_blocks
+        self.parent_hash = [None] * self.num_blocks
+        self.depth = [0] * self.num_blocks
+        if self.verify:
+            self.content = [None] * self.num_blocks
+        self.policy.clear()
+        self._free = list(range(self.num_blocks - 1, -1, -1))
+        if self.events is not None:
+            self.events.append(AllBlocksCleared())
+
+    def drain_events(self) -> list[KVEvent]:
+        if self.events is None:
+            return []
+        out, self.events = self.events, []
+        return out
+
+    # -- checks --------------------------------------------------------------
+    def check(self, tables: Iterable[list[int]]) -> None:
+        """Verify the pool against the block tables that hold its blocks."""
+        n = self.num_blocks
+        holders = [0] * n
+        for table in tables:
+            for block in table:
+                if not 0 <= block < n:
+                    raise InvariantViolation(f"block table holds out-of-range block {block}")
+                holders[block] += 1
+        free = set(self._free)
+        if len(free) != len(self._free):
+            raise InvariantViolation("a block appears twice in the free list")
+        for block in range(n):
+            count = self.ref_count[block]
+            if count != holders[block]:
+                raise InvariantViolation(
+                    f"block {block}: refcount {count} but held by {holders[block]} block table(s)")
+            evictable = block in self.policy
+            if count and (block in free or evictable):
+                raise InvariantViolation(f"active block {block} is also free or evictable")
+            if not count and (block in free) == evictable:
+                raise InvariantViolation(
+                    f"released block {block} must be exactly one of free-uncached / evictable")
+            if evictable and self.block_hash[block] is None:
+                raise InvariantViolation(f"evictable block {block} has no hash")
+            if block in free and (self.block_hash[block] is not None or block in self._duplicate_hash):
+                raise InvariantViolation(f"free-uncached block {block} still has a hash")
+            if block in self._duplicate_hash and not count:
+                raise InvariantViolation(f"duplicate block {block} is not active")
+        for block_hash, block in self._cached.items():
+            if self.block_hash[block] != block_hash:
+                raise InvariantViolation(f"hash map points at block {block}, which holds another hash")
+        if sum(h is not None for h in self.block_hash) != len(self._cached):
+            raise InvariantViolation("a block holds a hash that the hash map does not know")
+        for block, block_hash in self._duplicate_hash.items():
+            if block_hash not in self._cached or block not in self._duplicates.get(block_hash, ()):
+                raise InvariantViolation(f"duplicate block {block} is not tracked consistently")
+        active = sum(1 for c in self.ref_count if c)
+        if active + len(self.policy) + len(self._free) != n:
+            raise InvariantViolation(
+                f"conservation: active {active} + evictable {len(self.policy)} + "
+                f"free {len(self._free)} != capacity {n}")
+
+    def snapshot(self) -> Any:
+        """Everything that defines the pool's state, for before/after comparisons."""
+        return (
+            tuple(self.ref_count), tuple(self.num_tokens), tuple(self.block_hash),
+            tuple(self.parent_hash), tuple(self.depth), tuple(self.priority),
+            tuple(sorted(self._cached.items(), key=repr)),
+            tuple(sorted(self._duplicate_hash.items())), tuple(self._free), self.evictions,
+            self.policy.snapshot(), None if self.events is None else tuple(self.events),
+        )

@@ -1,0 +1,158 @@
+"""How many bytes a token's KV takes, and what fits in a pool.
+
+Units are binary throughout: KiB/MiB/GiB/TiB = 2**10/2**20/2**30/2**40 bytes.
+Decimal units (KB, GB) are refused rather than guessed at: mixing them into a
+capacity question silently loses about 7% at GiB scale.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DTYPE_BYTES = {
+    "float32": 4, "fp32": 4,
+    "float16": 2, "fp16": 2, "half": 2,
+    "bfloat16": 2, "bf16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "int8": 1,
+}
+
+_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """``"24GiB"`` -> 25769803776. Plain numbers are bytes."""
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"size must be >= 0, got {text}")
+        return text
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"cannot read size {text!r}; write e.g. 24GiB, 512MiB or a byte count")
+    number, unit = match.groups()
+    key = unit.lower()
+    if key not in _UNITS:
+        if key in ("kb", "mb", "gb", "tb", "k", "m", "g", "t"):
+            raise ValueError(f"size {text!r} uses a decimal or ambiguous unit; use KiB/MiB/GiB/TiB "
+                             "(powers of 2) or a plain byte count")
+        raise ValueError(f"unknown size unit {unit!r} in {text!r}; use B, KiB, MiB, GiB or TiB")
+    value = float(number) * _UNITS[key]
+    if value != int(value):
+        raise ValueError(f"size {text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def format_size(num_bytes: int) -> str:
+    """Exact when possible: 131072 -> '128 KiB', 1536 -> '1.5 KiB'."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if num_bytes >= scale:
+            value = num_bytes / scale
+            return f"{value:,.0f} {unit}" if value == int(value) else f"{value:,.2f} {unit}"
+    return f"{num_bytes:,} B"
+
+
+@dataclass(frozen=True, slots=True)
+class KVSpec:
+    """The model facts that size KV: per token, 2 (K and V) x layers x KV heads
+    held by one GPU x head dim x bytes per element."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str = "bfloat16"
+    tensor_parallel: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "kv_heads", "head_dim", "tensor_parallel"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose from {', '.join(sorted(DTYPE_BYTES))}")
+        tp, heads = self.tensor_parallel, self.kv_heads
+        if tp <= heads and heads % tp:
+            raise ValueError(f"{heads} KV heads cannot be split evenly over tensor parallel {tp}")
+        if tp > heads and tp % heads:
+            raise ValueError(f"tensor parallel {tp} must be a multiple of the {heads} KV heads to replicate them")
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def kv_heads_per_gpu(self) -> int:
+        # With more GPUs than KV heads each GPU keeps a full replica of one
+        # head; replicated heads are not divided again.
+        return max(1, self.kv_heads // self.tensor_parallel)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads_per_gpu * self.head_dim * self.dtype_bytes
+
+    def bytes_per_block(self, block_size: int) -> int:
+        return self.bytes_per_token * block_size
+
+    def num_blocks(self, pool_bytes: int, block_size: int) -> int:
+        return pool_bytes // self.bytes_per_block(block_size)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    spec: KVSpec
+    block_size: int
+    pool_bytes: int
+    prompt_tokens: int
+    bytes_per_token: int
+    bytes_per_block: int
+    num_blocks: int
+    blocks_per_request: int
+    max_requests: int
+    leftover_blocks: int
+    unallocated_bytes: int
+    tail_waste_slots_per_request: int
+
+    def as_dict(self) -> dict:
+        return {
+            "layers": self.spec.layers, "kv_heads": self.spec.kv_heads, "head_dim": self.spec.head_dim,
+            "dtype": self.spec.dtype, "tensor_parallel": self.spec.tensor_parallel,
+            "kv_heads_per_gpu": self.spec.kv_heads_per_gpu, "block_size": self.block_size,
+            "pool_bytes": self.pool_bytes, "prompt_tokens": self.prompt_tokens,
+            "bytes_per_token": self.bytes_per_token, "bytes_per_block": self.bytes_per_block,
+            "num_blocks": self.num_blocks, "blocks_per_request": self.blocks_per_request,
+            "max_requests": self.max_requests, "leftover_blocks": self.leftover_blocks,
+            "unallocated_bytes": self.unallocated_bytes,
+            "tail_waste_slots_per_request": self.tail_waste_slots_per_request,
+            "tail_waste_bytes_per_request": self.tail_waste_slots_per_request * self.bytes_per_token,
+        }
+
+
+def plan(spec: KVSpec, block_size: int, pool_bytes: int, prompt_tokens: int) -> Plan:
+    """How many requests of ``prompt_tokens`` fit, each in whole blocks, no sharing."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    if prompt_tokens <= 0:
+        raise ValueError(f"prompt_tokens must be positive, got {prompt_tokens}")
+    per_block = spec.bytes_per_block(block_size)
+    num_blocks = pool_bytes // per_block
+    per_request = -(-prompt_tokens // block_size)
+    max_requests = num_blocks // per_request
+    return Plan(
+        spec=spec, block_size=block_size, pool_bytes=pool_bytes, prompt_tokens=prompt_tokens,
+        bytes_per_token=spec.bytes_per_token, bytes_per_block=per_block, num_blocks=num_blocks,
+        blocks_per_request=per_request, max_requests=max_requests,
+        leftover_blocks=num_blocks - max_requests * per_request,
+        unallocated_bytes=pool_bytes - num_blocks * per_block,
+        tail_waste_slots_per_request=per_request * block_size - prompt_tokens,
+    )
+
+
+def tail_waste(lengths: list[int], block_size: int) -> dict:
+    """Blocks, slots, useful slots and empty tail slots for sequences of ``lengths``."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    if any(n < 0 for n in lengths):
+        raise ValueError(f"lengths must be >= 0, got {lengths}")
+    blocks = sum(-(-n // block_size) for n in lengths)
+    slots = blocks * block_size
+    useful = sum(lengths)
+    return {"blocks": blocks, "slots": slots, "useful": useful, "tail_waste": slots - useful}
