@@ -1,0 +1,93 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefixkv.policies import (EvictionPolicy, FIFOPolicy, LRUPolicy, PolicyRegistry, available_policies,
+                               make_policy)
+
+
+def test_registry_names_and_errors():
+    assert {"lru", "fifo"} <= set(available_policies())
+    assert isinstance(make_policy("lru"), LRUPolicy)
+    with pytest.raises(ValueError, match="unknown eviction policy 'nope'.*lru"):
+        make_policy("nope")
+
+
+def test_register_a_custom_policy():
+    registry = PolicyRegistry({})
+
+    @registry.register("mru")
+    class MRU(LRUPolicy):
+        name = "mru"
+
+        def evict(self):
+            return self._order.popitem(last=True)[0]
+
+    assert registry.names() == ["mru"]
+    assert isinstance(registry.make("mru"), MRU)
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("mru", LRUPolicy)
+
+
+@pytest.mark.parametrize("name", ["lru", "fifo"])
+def test_builtin_policies_follow_the_protocol(name):
+    assert isinstance(make_policy(name), EvictionPolicy)
+
+
+# Events a pool can send for one block: cached (once, while active) -> released -> hit -> released ...
+events = st.lists(st.tuples(st.sampled_from(["cache", "release", "hit", "evict"]), st.integers(0, 7)),
+                  max_size=80)
+
+
+def replay(policy, script):
+    """Drive a policy with a legal event sequence; mirror it in a plain-list reference."""
+    state = {}          # block -> "active" | "evictable"
+    cached_order = []   # FIFO reference: publish order of cached blocks
+    released_order = []  # LRU reference: release order of evictable blocks
+    victims = []
+    for kind, block in script:
+        s = state.get(block)
+        if kind == "cache" and s is None:
+            state[block] = "active"
+            policy.on_cached(block)
+            cached_order.append(block)
+        elif kind == "release" and s == "active":
+            state[block] = "evictable"
+            policy.on_released(block)
+            released_order.append(block)
+        elif kind == "hit" and s is not None:
+            policy.on_hit(block, s == "evictable")
+            if s == "evictable":
+                released_order.remove(block)
+            state[block] = "active"
+        elif kind == "evict" and len(policy):
+            victim = policy.evict()
+            expected = (released_order[0] if isinstance(policy, LRUPolicy)
+                        else next(b for b in cached_order if state.get(b) == "evictable"))
+            assert victim == expected
+            released_order.remove(victim)
+            cached_order.remove(victim)
+            del state[victim]
+            victims.append(victim)
+        assert len(policy) == sum(1 for v in state.values() if v == "evictable")
+        for b, v in state.items():
+            assert (b in policy) == (v == "evictable")
+    return victims
+
+
+@settings(max_examples=300, deadline=None)
+@given(events)
+def test_lru_matches_a_reference(script):
+    replay(LRUPolicy(), script)
+
+
+@settings(max_examples=300, deadline=None)
+@given(events)
+def test_fifo_matches_a_reference(script):
+    replay(FIFOPolicy(), script)
+
+
+def test_fifo_differs_from_lru_when_a_block_is_reused():
+    script = [("cache", 1), ("cache", 2), ("release", 1), ("release", 2), ("hit", 1), ("release", 1), ("evict", 0)]
+    assert replay(LRUPolicy(), script) == [2]
+    assert replay(FIFOPolicy(), script) == [1]
