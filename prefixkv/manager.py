@@ -43,6 +43,7 @@ class _Sequence:
     priority: int
     publishable: bool = True      # False once a block could not be published
     preempted: bool = False
+    host_table: list[int] | None = None   # host blocks holding its KV while swapped out
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +71,7 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, block_size: int, *, policy="lru", hash_seed: int | None = None,
                  hash_algorithm: str = "xxh3_128", verify: bool = False, record_events: bool = False,
-                 enable_caching: bool = True) -> None:
+                 enable_caching: bool = True, num_host_blocks: int = 0) -> None:
         if isinstance(policy, str):
             policy = make_policy(policy)
         self.block_size = block_size
@@ -79,8 +80,13 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, block_size, policy, verify=verify, record_events=record_events)
         self._seqs: dict[Hashable, _Sequence] = {}
         self._copies: list[tuple[int, int]] = []
+        if num_host_blocks < 0:
+            raise ValueError(f"num_host_blocks must be >= 0, got {num_host_blocks}")
+        self.num_host_blocks = num_host_blocks
+        self._host_free: list[int] = list(range(num_host_blocks - 1, -1, -1))
         self._counters = dict(admitted=0, query_tokens=0, hit_tokens=0, cow_copies=0, preemptions=0,
-                              recomputed_tokens=0, resumed_hit_tokens=0)
+                              recomputed_tokens=0, resumed_hit_tokens=0, swaps_out=0, swaps_in=0,
+                              swapped_out_blocks=0, swapped_in_blocks=0)
 
     # -- preparing input -----------------------------------------------------
     def prompt(self, tokens, *, extra: ExtraKeys | None = None, salt=None, adapter=None,
@@ -413,6 +419,8 @@ class KVCacheManager:
             raise UnknownSequence(seq_id, "never admitted or already freed")
         if seq.table:
             self.pool.release(reversed(seq.table), seq.priority)
+        if seq.host_table:
+            self._host_free.extend(reversed(seq.host_table))
 
     cancel = free
 
@@ -435,6 +443,8 @@ class KVCacheManager:
         seq = self._get(seq_id)
         if not seq.preempted:
             raise ValueError(f"sequence {seq_id!r} is running, not preempted")
+        if seq.host_table is not None:
+            raise ValueError(f"sequence {seq_id!r} is swapped out; use swap_in")
         prompt = Prompt(self.hasher, seq.tokens, seq.num_tokens, seq.extra, seq.hashes)
         trial = _Sequence([], 0, None, [], seq.extra, seq.priority, seq.publishable)
         reused = self._place(trial, prompt, compute_last_token, "resume")
@@ -446,6 +456,62 @@ class KVCacheManager:
         self._counters["recomputed_tokens"] += recompute
         self._counters["resumed_hit_tokens"] += reused
         return recompute
+
+    def swap_out(self, seq_id: Hashable) -> list[tuple[int, int]]:
+        """Preempt by swapping: move a running sequence's KV to host blocks.
+
+        Returns the (device block, host block) copies, which the caller must run
+        before any later write can reuse those device blocks (in practice: at
+        once). The device blocks are released tail first and stay cached.
+        """
+        seq = self._running(seq_id)
+        needed = len(seq.table)
+        if needed > len(self._host_free):
+            if needed > self.num_host_blocks:
+                raise SequenceTooLong(needed, self.num_host_blocks, "swap-out to host memory")
+            raise OutOfBlocks(needed, len(self._host_free), "swap-out to host memory")
+        host = self._host_free[:-needed - 1:-1] if needed else []
+        if needed:
+            del self._host_free[-needed:]
+        copies = list(zip(seq.table, host))
+        self.pool.release(reversed(seq.table), seq.priority)
+        seq.table = []
+        seq.host_table = host
+        seq.preempted = True
+        counters = self._counters
+        counters["preemptions"] += 1
+        counters["swaps_out"] += 1
+        counters["swapped_out_blocks"] += needed
+        return copies
+
+    def swap_in(self, seq_id: Hashable) -> list[tuple[int, int]]:
+        """Bring a swapped-out sequence back, all or nothing.
+
+        Full blocks still in the device prefix cache are reused without a copy;
+        the rest get fresh device blocks. Returns the (host block, device block)
+        copies to run before the sequence's next step; its host blocks are free
+        once they have run.
+        """
+        seq = self._get(seq_id)
+        if seq.host_table is None:
+            raise ValueError(f"sequence {seq_id!r} is not swapped out")
+        prompt = Prompt(self.hasher, seq.tokens, seq.num_tokens, seq.extra, seq.hashes)
+        trial = _Sequence([], 0, None, [], seq.extra, seq.priority, seq.publishable)
+        reused = self._place(trial, prompt, False, "swap-in") // self.block_size
+        copies = list(zip(seq.host_table[reused:], trial.table[reused:]))
+        self._host_free.extend(reversed(seq.host_table))
+        seq.table = trial.table
+        seq.hashes = trial.hashes
+        seq.publishable = trial.publishable
+        seq.host_table = None
+        seq.preempted = False
+        self._counters["swaps_in"] += 1
+        self._counters["swapped_in_blocks"] += len(copies)
+        return copies
+
+    @property
+    def num_free_host_blocks(self) -> int:
+        return len(self._host_free)
 
     def reset_prefix_cache(self, *, preempt_running: bool = False) -> list[Hashable]:
         """Forget every cached block. Refused while sequences hold blocks, unless
@@ -520,6 +586,8 @@ class KVCacheManager:
             admitted=c["admitted"], query_tokens=c["query_tokens"], hit_tokens=c["hit_tokens"],
             evictions=pool.evictions, cow_copies=c["cow_copies"], preemptions=c["preemptions"],
             recomputed_tokens=c["recomputed_tokens"], resumed_hit_tokens=c["resumed_hit_tokens"],
+            swaps_out=c["swaps_out"], swaps_in=c["swaps_in"], swapped_out_blocks=c["swapped_out_blocks"],
+            swapped_in_blocks=c["swapped_in_blocks"],
             tail_waste_slots=waste, block_table_lengths=tuple(lengths),
         )
 
@@ -535,11 +603,18 @@ class KVCacheManager:
         size = self.block_size
         running = [seq for seq in self._seqs.values() if not seq.preempted]
         pool.check(seq.table for seq in running)
+        host_held = [b for seq in self._seqs.values() if seq.host_table for b in seq.host_table]
+        if sorted(host_held + self._host_free) != list(range(self.num_host_blocks)):
+            raise InvariantViolation("host blocks are lost or held twice")
         for seq_id, seq in self._seqs.items():
             if seq.preempted:
                 if seq.table:
                     raise InvariantViolation(f"preempted sequence {seq_id!r} still holds blocks")
+                if seq.host_table is not None and len(seq.host_table) != -(-seq.num_tokens // size):
+                    raise InvariantViolation(f"swapped sequence {seq_id!r} has the wrong number of host blocks")
                 continue
+            if seq.host_table is not None:
+                raise InvariantViolation(f"running sequence {seq_id!r} still holds host blocks")
             if len(seq.table) != -(-seq.num_tokens // size):
                 raise InvariantViolation(
                     f"sequence {seq_id!r}: {len(seq.table)} blocks for {seq.num_tokens} tokens")
@@ -565,8 +640,10 @@ class KVCacheManager:
         """The manager's full state as a comparable value (tests: a failed call changes nothing)."""
         seqs = tuple(sorted(
             ((repr(k), tuple(s.table), s.num_tokens, None if s.tokens is None else s.tokens.tobytes(),
-              tuple(s.hashes), s.publishable, s.preempted) for k, s in self._seqs.items())))
-        return seqs, self.pool.snapshot(), tuple(self._copies), tuple(sorted(self._counters.items()))
+              tuple(s.hashes), s.publishable, s.preempted, None if s.host_table is None else tuple(s.host_table))
+             for k, s in self._seqs.items())))
+        return (seqs, self.pool.snapshot(), tuple(self._copies), tuple(sorted(self._counters.items())),
+                tuple(self._host_free))
 
     # -- helpers -------------------------------------------------------------
     def _get(self, seq_id: Hashable) -> _Sequence:

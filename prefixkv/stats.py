@@ -25,6 +25,10 @@ class CacheStats:
     preemptions: int
     recomputed_tokens: int      # tokens recomputed on resume after preemption
     resumed_hit_tokens: int     # cached tokens reused on resume (not counted as hits)
+    swaps_out: int
+    swaps_in: int
+    swapped_out_blocks: int     # device -> host block copies
+    swapped_in_blocks: int      # host -> device block copies (cache hits need none)
     tail_waste_slots: int       # empty slots in unique partly filled tail blocks
     block_table_lengths: tuple[int, ...]
 

@@ -420,3 +420,56 @@ def test_caching_can_be_disabled():
     mgr.free("a")
     assert mgr.admit("b", list(range(8))) == 0
     assert mgr.stats().cached_hashes == 0 and mgr.stats().evictable_blocks == 0
+
+
+# -- swap preemption ------------------------------------------------------------------------------
+
+def test_swap_out_and_in_round_trip_through_a_store():
+    mgr = make(num_blocks=4, num_host_blocks=4)
+    device, host = SlotStore(4, B), SlotStore(4, B)
+    tokens = list(range(10))
+    mgr.admit("a", tokens)
+    device.write(mgr.slot_mapping("a"), tokens)
+    copies = mgr.swap_out("a")
+    assert len(copies) == 3 and mgr.stats().active_blocks == 0 and mgr.num_free_host_blocks == 1
+    for dev, hb in copies:
+        host.slots[hb] = device.slots[dev]
+    mgr.admit("b", list(range(50, 66)))      # takes every device block: the cache is gone
+    device.write(mgr.slot_mapping("b"), list(range(50, 66)))
+    assert_unchanged(mgr, lambda: mgr.swap_in("a"), OutOfBlocks)
+    mgr.free("b")
+    back = mgr.swap_in("a")
+    assert mgr.num_free_host_blocks == 4
+    for hb, dev in back:
+        device.slots[dev] = host.slots[hb]
+    assert device.gather(mgr.block_ids("a"), 10).tolist() == tokens
+    s = mgr.stats()
+    assert (s.swaps_out, s.swaps_in, s.swapped_out_blocks, s.preemptions) == (1, 1, 3, 1)
+    mgr.check_invariants()
+
+
+def test_swap_in_reuses_blocks_still_cached_on_the_device():
+    mgr = make(num_blocks=8, num_host_blocks=4)
+    mgr.admit("a", list(range(10)))
+    mgr.swap_out("a")
+    back = mgr.swap_in("a")
+    assert len(back) == 1                    # only the partial tail is copied back
+    assert mgr.stats().swapped_in_blocks == 1
+
+
+def test_swap_errors():
+    mgr = make(num_blocks=8, num_host_blocks=2)
+    mgr.admit("a", list(range(10)))
+    assert_unchanged(mgr, lambda: mgr.swap_out("a"), SequenceTooLong)
+    mgr.admit("b", [1, 2])
+    mgr.preempt("b")
+    with pytest.raises(ValueError, match="not swapped out"):
+        mgr.swap_in("b")
+    mgr.free("a")
+    mgr.admit("c", [1])
+    mgr.swap_out("c")
+    with pytest.raises(ValueError, match="swap_in"):
+        mgr.resume("c")
+    mgr.free("c")                            # a swapped sequence returns its host blocks
+    assert mgr.num_free_host_blocks == 2
+    mgr.check_invariants()
