@@ -141,18 +141,16 @@ class KVCacheManager:
                     break
                 hits.append(block)
             return hits
-        append = hits.append
-        for h in hashes[:limit]:
-            block = get(h)
-            if block is None:
-                break
-            append(block)
+        # Looking up every hash (even past the first miss) in C beats a Python loop that stops early.
+        hits = list(map(get, hashes[:limit]))
+        if None in hits:
+            del hits[hits.index(None):]
         return hits
 
     def _blocks_needed(self, prompt: Prompt, hits: list[int]) -> tuple[int, int]:
         total = -(-prompt.num_tokens // self.block_size)
         ref = self.pool.ref_count
-        pinned = sum(1 for b in hits if not ref[b])
+        pinned = list(map(ref.__getitem__, hits)).count(0)
         return total, total - len(hits) + pinned
 
     def match(self, prompt, *, compute_last_token: bool = True) -> PrefixMatch:
@@ -294,6 +292,9 @@ class KVCacheManager:
             raise TypeError(f"sequence {seq_id!r} was admitted by hashes; use append_slots")
         if type(token) is not int or not 0 <= token < _MAX_TOKEN:
             token = encode_tokens([token])[0]
+        return self._append_one(seq, token)
+
+    def _append_one(self, seq: _Sequence, token: int) -> int:
         size = self.block_size
         n = seq.num_tokens
         offset = n % size
@@ -383,20 +384,23 @@ class KVCacheManager:
         """
         if len(seq_ids) != len(tokens):
             raise ValueError(f"{len(seq_ids)} sequences but {len(tokens)} tokens")
-        if len(set(seq_ids)) != len(seq_ids):
+        tokens = encode_tokens(tokens)  # validates every token before anything changes
+        seqs = [self._seqs.get(s) for s in seq_ids]
+        if None in seqs or any(seq.preempted for seq in seqs):
+            for s in seq_ids:
+                self._running(s)
+        if len(set(map(id, seqs))) != len(seqs):
             raise ValueError("a sequence appears twice in one decode step")
-        encode_tokens(tokens)  # validates every token before anything changes
-        seqs = [self._running(s) for s in seq_ids]
         if any(seq.tokens is None for seq in seqs):
             raise TypeError("decode_step needs token sequences; use append_slots for hashed ones")
-        needed = sum(self._append_need(seq, 1)[0] for seq in seqs)
+        size = self.block_size
+        ref = self.pool.ref_count
+        # A sequence needs a block when its tail is full (or it has none) or when its partial tail is shared.
+        needed = sum(1 for seq in seqs if not seq.num_tokens % size or ref[seq.table[-1]] > 1)
         if needed > self.pool.num_free:
             raise OutOfBlocks(needed, self.pool.num_free, f"decode step of {len(seqs)} sequence(s)")
-        out = np.empty(len(seqs), dtype=np.int64)
-        append_token = self.append_token
-        for i, seq_id in enumerate(seq_ids):
-            out[i] = append_token(seq_id, tokens[i])
-        return out
+        append_one = self._append_one
+        return np.array([append_one(seq, token) for seq, token in zip(seqs, tokens)], dtype=np.int64)
 
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """The child shares every block of the parent; later writes copy on write."""

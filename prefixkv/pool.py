@@ -46,6 +46,8 @@ class BlockPool:
         self.priority: list[int] = [0] * num_blocks        # of the last sequence releasing it
         self.content: list[bytes | None] = [None] * num_blocks if verify else []
         self._cached: dict[Hashable, int] = {}             # hash -> primary block
+        # lookup(hash) -> primary block or None; bound once, it is the hottest call.
+        self.lookup = self._cached.get
         self._duplicate_hash: dict[int, Hashable] = {}     # active duplicate -> its hash
         self._duplicates: dict[Hashable, list[int]] = {}   # hash -> active duplicates
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pops block 0 first
@@ -76,9 +78,6 @@ class BlockPool:
     def num_cached(self) -> int:
         """Distinct hashes in the prefix cache (active or evictable)."""
         return len(self._cached)
-
-    def lookup(self, block_hash: Hashable) -> int | None:
-        return self._cached.get(block_hash)
 
     def is_cached(self, block: int) -> bool:
         return self.block_hash[block] is not None
