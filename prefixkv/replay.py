@@ -1,0 +1,218 @@
+"""Replay a request trace through the real manager, pool and policy.
+
+Two modes:
+
+* ``cache``: requests in trace order; each is matched (a block hits only if
+  every earlier block of the request hit), admitted, and released at once. This
+  is the mode published hit-rate-versus-capacity curves use.
+* ``concurrent``: requests arrive at their timestamps and hold their blocks
+  (prompt plus output slots) for a service time ``input/prefill_rate +
+  output/decode_rate``; held blocks cannot be evicted; a request that does not
+  fit waits (first come, first served) until enough blocks are released.
+
+Capacity is counted in blocks of the trace's own block size. A hashed trace's
+every hash id counts as one block access (its last, partly filled block too,
+as the reference simulators count it); a token trace is hashed for real and
+its full blocks are the accesses.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from .errors import SequenceTooLong
+from .manager import KVCacheManager
+from .policies import make_policy
+
+
+@dataclass
+class ReplayResult:
+    policy: str
+    capacity: int
+    mode: str
+    block_size: int
+    requests: int = 0                  # measured (after warm-up)
+    block_accesses: int = 0
+    block_hits: int = 0
+    input_tokens: int = 0
+    hit_tokens: int = 0
+    evictions: int = 0
+    oversized_requests: int = 0        # more blocks than the whole cache: counted as all misses
+    waited_admissions: int = 0         # concurrent mode: admissions that had to wait
+    total_wait_s: float = 0.0
+    warmup_requests: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def block_hit_rate(self) -> float:
+        return self.block_hits / self.block_accesses if self.block_accesses else 0.0
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(block_hit_rate=self.block_hit_rate, token_hit_rate=self.token_hit_rate)
+        extra = out.pop("extra")
+        out.update(extra)
+        return out
+
+
+def _prompt_for(mgr: KVCacheManager, request, block_size: int):
+    """(prompt, block accesses, tokens per accessed block) for one request."""
+    if request.tokens is not None:
+        prompt = mgr.prompt(request.tokens, salt=getattr(request, "salt", None))
+        full = len(request.tokens) // block_size
+        return prompt, full, None
+    hashes = request.block_hashes
+    n = len(hashes)
+    prompt = mgr.prompt_from_hashes(hashes, n * block_size)
+    return prompt, n, request.input_length - (n - 1) * block_size if n else 0
+
+
+def _next_uses(prompts: Sequence) -> list[list[float]]:
+    """For each request, the index of the next request that accesses each of its blocks."""
+    nxt: dict[Any, float] = {}
+    out: list[list[float]] = [[] for _ in prompts]
+    for i in range(len(prompts) - 1, -1, -1):
+        hashes = prompts[i][0].block_hashes()
+        out[i] = [nxt.get(h, math.inf) for h in hashes]
+        for h in hashes:
+            nxt[h] = i
+    return out
+
+
+def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warmup: float = 0.0,
+           prefill_rate: float = 20_000.0, decode_rate: float = 50.0, hash_seed: int = 0) -> ReplayResult:
+    """Replay ``trace`` with ``policy`` at ``capacity`` blocks; see the module doc."""
+    if mode not in ("cache", "concurrent"):
+        raise ValueError(f"mode must be 'cache' or 'concurrent', got {mode!r}")
+    if not 0.0 <= warmup < 1.0:
+        raise ValueError(f"warmup must be in [0, 1), got {warmup}")
+    if capacity <= 0:
+        raise ValueError(f"capacity must be a positive number of blocks, got {capacity}")
+    name = policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
+    policy_obj = make_policy(policy) if isinstance(policy, str) else policy
+    block_size = trace.block_size
+    requests = trace.requests
+    mgr = KVCacheManager(capacity, block_size, policy=policy_obj, hash_seed=hash_seed)
+    oracle = getattr(policy_obj, "set_next_use", None)
+    if name == "belady" and oracle is None:
+        raise ValueError("the belady policy needs set_next_use(hash, next_time)")
+    prompts = [_prompt_for(mgr, request, block_size) for request in requests]
+    next_uses = _next_uses(prompts) if oracle is not None else None
+    result = ReplayResult(policy=name, capacity=capacity, mode=mode, block_size=block_size)
+    result.warmup_requests = int(len(requests) * warmup)
+    if mode == "cache":
+        _replay_cache(mgr, requests, prompts, result, next_uses, oracle)
+    else:
+        if oracle is not None:
+            raise ValueError("belady needs the future in trace order; use mode='cache'")
+        _replay_concurrent(mgr, requests, prompts, result, prefill_rate, decode_rate)
+    result.evictions = mgr.stats().evictions
+    mgr.check_invariants()
+    return result
+
+
+def _tell_oracle(oracle, prompt, uses: list[float]) -> None:
+    for h, when in zip(prompt.block_hashes(), uses):
+        oracle(h, when)
+
+
+def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, result: ReplayResult,
+                  next_uses, oracle) -> None:
+    size = mgr.block_size
+    warm = result.warmup_requests
+    for i, request in enumerate(requests):
+        prompt, accesses, last_tokens = prompts[i]
+        if oracle is not None:
+            _tell_oracle(oracle, prompt, next_uses[i])
+        try:
+            hit_tokens = mgr.admit(i, prompt, compute_last_token=False)
+        except SequenceTooLong:
+            hit_tokens = 0
+            if i >= warm:
+                result.oversized_requests += 1
+        else:
+            mgr.free(i)
+        if i < warm:
+            continue
+        hit_blocks = hit_tokens // size
+        result.requests += 1
+        result.block_accesses += accesses
+        result.block_hits += hit_blocks
+        result.input_tokens += request.input_length
+        if last_tokens is not None and accesses and hit_blocks == accesses:
+            result.hit_tokens += (accesses - 1) * size + last_tokens
+        else:
+            result.hit_tokens += min(hit_blocks * size, request.input_length)
+
+
+def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, result: ReplayResult,
+                       prefill_rate: float, decode_rate: float) -> None:
+    size = mgr.block_size
+    warm = result.warmup_requests
+    running: list[tuple[float, int]] = []   # (finish time, request index)
+    waiting: list[int] = []                 # FIFO of request indices that did not fit
+    head = 0
+    clock = 0.0
+    arrivals = iter(range(len(requests)))
+    pending = next(arrivals, None)
+
+    def try_start(i: int, now: float) -> bool:
+        request = requests[i]
+        prompt, accesses, last_tokens = prompts[i]
+        out_blocks = -(-(prompt.num_tokens + request.output_length) // size) - (-(-prompt.num_tokens // size))
+        m = mgr.match(prompt, compute_last_token=False)
+        if m.total_blocks + out_blocks > mgr.pool.num_blocks:
+            if i >= warm:
+                result.oversized_requests += 1
+                result.requests += 1
+                result.block_accesses += accesses
+                result.input_tokens += request.input_length
+            return True   # can never run: counted as all misses, dropped
+        if m.blocks_needed + out_blocks > mgr.num_free_blocks:
+            return False
+        hit_tokens = mgr.admit(i, prompt, compute_last_token=False)
+        if request.output_length:
+            if request.tokens is not None:
+                mgr.append(i, [0] * request.output_length)
+            else:
+                mgr.append_slots(i, request.output_length)
+        service = request.input_length / prefill_rate + request.output_length / decode_rate
+        heapq.heappush(running, (now + service, i))
+        if i >= warm:
+            hit_blocks = hit_tokens // size
+            result.requests += 1
+            result.block_accesses += accesses
+            result.block_hits += hit_blocks
+            result.input_tokens += request.input_length
+            if last_tokens is not None and accesses and hit_blocks == accesses:
+                result.hit_tokens += (accesses - 1) * size + last_tokens
+            else:
+                result.hit_tokens += min(hit_blocks * size, request.input_length)
+            wait = now - request.timestamp
+            if wait > 0:
+                result.waited_admissions += 1
+                result.total_wait_s += wait
+        return True
+
+    while pending is not None or running or head < len(waiting):
+        next_arrival = requests[pending].timestamp if pending is not None else math.inf
+        next_finish = running[0][0] if running else math.inf
+        if next_finish <= next_arrival:
+            clock, done = heapq.heappop(running)
+            mgr.free(done)
+        else:
+            clock = max(clock, next_arrival)
+            waiting.append(pending)
+            pending = next(arrivals, None)
+        while head < len(waiting) and try_start(waiting[head], clock):
+            head += 1
+        if not running and head < len(waiting) and pending is None:
+            raise RuntimeError("concurrent replay cannot make progress (a request never fits)")
+    result.extra["mean_wait_s"] = result.total_wait_s / result.waited_admissions if result.waited_admissions else 0.0
