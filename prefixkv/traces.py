@@ -1,0 +1,720 @@
+"""Request traces: loading, validating and writing.
+
+A trace is a list of :class:`TraceRequest` in arrival order plus the block size
+its block ids refer to (:class:`Trace`). Three formats load:
+
+**Mooncake JSONL** (``load_mooncake``), FAST'25 traces of Moonshot AI's Kimi.
+One JSON object per line::
+
+    {"timestamp": 1200, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2, ...]}
+
+``timestamp`` is in milliseconds (converted to seconds here); ``hash_ids`` are
+prefix-chained ids of 512-token blocks, one per block *including* the last,
+partly filled one: ``len(hash_ids) == ceil(input_length / 512)``. The ids are
+kept as they are (ints), partial-block id included; ``KVCacheManager.prompt_from_hashes``
+accepts that shape.
+
+**kv-cache-tester JSON** (``load_kvcache_tester``), WEKA's agentic coding
+sessions. One JSON document per conversation::
+
+    {"id": "trace_0001", "block_size": 64, "hash_id_scope": "local",
+     "requests": [{"t": 0.0, "type": "n", "in": 71175, "out": 169, "hash_ids": [1, 2, ...]},
+                  {"t": 961.3, "type": "subagent", "agent_id": "agent_001",
+                   "requests": [{"t": 0.0, "in": 8868, "out": 159, "hash_ids": [...]}, ...]},
+                  ...]}
+
+``t`` is in seconds from the start of the conversation; ``hash_ids`` cover the
+*full* blocks only (``floor(in / block_size)``; ``ceil`` is accepted too). A
+sub-agent entry (one with its own nested ``requests``) is not a request: its
+nested requests are flattened into the trace, each at ``container.t + t`` (a
+nested ``t`` counts from the sub-agent's start, as the tester replays it),
+with ``session`` ``"<conversation>/<agent_id>"`` and ``parent`` the
+conversation's session label.
+
+Hash ids are local to a file (``"hash_id_scope": "local"``, the default): file
+number ``k`` (in load order) maps id ``h`` to ``k * 2**40 + h``, so two files'
+equal local ids never collide and the ids stay plain ints (fast dict keys).
+Files with ``"hash_id_scope": "global"`` keep their ids. Every conversation
+starts at ``t = 0``: they run side by side, as concurrent users do, and the
+flattened requests are merged by timestamp with a stable tie-break (file load
+order, then order inside the file). ``stagger=s`` starts conversation ``k`` at
+``k * s`` seconds instead. A directory loads every ``*.json`` in it, sorted by
+name; all files must share one block size.
+
+**prefixkv token JSONL** (``load_token_trace``, ``write_token_trace``): real
+token ids, so a replay exercises the real hashing (``block_hashes`` is None).
+An optional header object on the first line, then one request per line::
+
+    {"prefixkv_trace": 1, "block_size": 16, "name": "default", ...}
+    {"timestamp": 0.0, "tokens": [17, 4, ...], "output_tokens": [9, 311, ...],
+     "salt": "tenant-3", "session": "t3/chat7", "kind": "chat"}
+
+* ``timestamp`` (seconds, int or float, non-decreasing) and ``tokens`` (a list
+  of ints in ``[0, 2**32)``) are required.
+* ``output_tokens`` (list of token ids) or ``output_length`` (int >= 0): at
+  least one; when both are given they must agree.
+* ``salt`` (str or int), ``session``, ``kind``, ``parent`` (str) are optional;
+  ``salt`` isolates the request's blocks in the cache, as ``KVCacheManager.prompt(salt=...)``.
+* The header's keys besides ``prefixkv_trace`` (the format version, 1) are
+  free-form metadata; ``block_size`` is the block size a replay uses unless
+  told otherwise (16 when absent), ``name`` names the trace.
+
+Validation: every loader stops at the first problem with a
+:class:`TraceFormatError` naming the file and line ("file:line: problem"):
+bad JSON, a missing field, a wrong type, a negative length, a hash count that
+contradicts the length, or a timestamp earlier than the one before (traces
+are never re-sorted silently; inside a kv-cache-tester conversation the check
+is per level: a conversation's requests, and each sub-agent's).
+For a JSON document the line is the line of the offending request, and the
+message gives its JSON path (``requests[36].requests[1]``) and column, since
+these documents are usually a single line.
+
+``load_trace`` picks the format from the content.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Hashable, Iterable, Iterator, Sequence
+
+from .errors import PrefixKVError
+
+__all__ = [
+    "TraceRequest", "Trace", "TraceFormatError", "load_trace", "load_mooncake", "load_kvcache_tester",
+    "load_token_trace", "write_token_trace", "detect_format",
+    "MOONCAKE_BLOCK_SIZE", "DEFAULT_TOKEN_BLOCK_SIZE", "NAMESPACE_BITS", "FORMATS",
+]
+
+MOONCAKE_BLOCK_SIZE = 512
+DEFAULT_TOKEN_BLOCK_SIZE = 16
+NAMESPACE_BITS = 40          # kv-cache-tester: file k's local id h becomes (k << 40) + h
+TOKEN_FORMAT_VERSION = 1
+FORMATS = ("mooncake", "kvcache-tester", "tokens")
+_FORMAT_ALIASES = {"mooncake": "mooncake", "kvcache-tester": "kvcache-tester", "kv-cache-tester": "kvcache-tester",
+                   "weka": "kvcache-tester", "tokens": "tokens", "prefixkv": "tokens"}
+_INT = {int}
+_MAX_TOKEN = 2**32
+_MAX_LOCAL_ID = 2**NAMESPACE_BITS
+
+
+class TraceFormatError(PrefixKVError, ValueError):
+    """A trace file is malformed. ``path`` and ``line`` (1-based) say where."""
+
+    def __init__(self, path: str | os.PathLike, line: int, problem: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.problem = problem
+        super().__init__(f"{self.path}:{line}: {problem}")
+
+
+@dataclass(slots=True)
+class TraceRequest:
+    """One request of a trace.
+
+    Exactly one of ``block_hashes`` (precomputed prefix-chained block ids, for
+    hashed traces) and ``tokens`` (real token ids, hashed by the manager) is set.
+    """
+
+    timestamp: float                        # arrival, seconds
+    input_length: int                       # prompt tokens
+    output_length: int                      # generated tokens
+    block_hashes: list[Hashable] | None = None
+    tokens: list[int] | None = None
+    output_tokens: list[int] | None = None  # token traces: the generated ids, when known
+    salt: str | int | None = None           # token traces: cache isolation key
+    session: str | None = None              # conversation / session label
+    kind: str | None = None                 # request type ("chat", "agent", Mooncake: None, WEKA: "n"/"s")
+    parent: str | None = None               # sub-agent requests: the parent conversation's session label
+
+
+@dataclass(slots=True)
+class Trace:
+    """Requests in arrival order, and the block size their block ids refer to."""
+
+    requests: list[TraceRequest]
+    block_size: int
+    name: str = ""
+    path: str | None = None
+    format: str = ""
+    meta: dict = field(default_factory=dict)   # token traces: the header; kv-cache-tester: file names
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self) -> Iterator[TraceRequest]:
+        return iter(self.requests)
+
+    @property
+    def has_tokens(self) -> bool:
+        return any(r.tokens is not None for r in self.requests)
+
+    def num_block_accesses(self, include_partial: bool = True) -> int:
+        """Block references: one per block id of every request.
+
+        A hashed trace's every id counts (``include_partial=False`` drops a
+        Mooncake request's last, partly filled block); a token trace counts
+        its full blocks (a partial block has no hash). This is what
+        ``prefixkv.replay`` counts as block accesses.
+        """
+        size = self.block_size
+        total = 0
+        for r in self.requests:
+            if r.block_hashes is not None:
+                total += len(r.block_hashes) if include_partial else min(len(r.block_hashes), r.input_length // size)
+            else:
+                total += r.input_length // size
+        return total
+
+    def distinct_blocks(self, include_partial: bool = True) -> int:
+        """Distinct blocks referenced (the working set a cache would need to never miss twice).
+
+        Token traces are hashed with a fixed seed (salt included), as a replay would.
+        """
+        seen: set = set()
+        size = self.block_size
+        hasher = None
+        for r in self.requests:
+            if r.block_hashes is not None:
+                seen.update(r.block_hashes if include_partial else r.block_hashes[:r.input_length // size])
+            elif r.tokens is not None:
+                if hasher is None:
+                    from .hashing import BlockHasher
+                    hasher = BlockHasher(size, seed=0)
+                seen.update(_token_hashes(hasher, r))
+        return len(seen)
+
+    def input_tokens(self) -> int:
+        return sum(r.input_length for r in self.requests)
+
+    def output_tokens(self) -> int:
+        return sum(r.output_length for r in self.requests)
+
+    @property
+    def duration(self) -> float:
+        """Seconds from the first arrival to the last."""
+        return self.requests[-1].timestamp - self.requests[0].timestamp if self.requests else 0.0
+
+    def summary(self) -> dict:
+        """Counts for reports: requests, block accesses, distinct blocks, tokens, duration."""
+        return dict(name=self.name, format=self.format, block_size=self.block_size, requests=len(self),
+                    block_accesses=self.num_block_accesses(), distinct_blocks=self.distinct_blocks(),
+                    input_tokens=self.input_tokens(), output_tokens=self.output_tokens(),
+                    duration_s=self.duration)
+
+
+def _token_hashes(hasher, r: TraceRequest) -> list:
+    from .hashing import NO_EXTRA_KEYS, ExtraKeys, encode_tokens
+    extra = NO_EXTRA_KEYS if r.salt is None else ExtraKeys(salt=r.salt)
+    tokens = encode_tokens(r.tokens)
+    return hasher.hash_blocks(tokens, 0, len(tokens) // hasher.block_size, None, extra)
+
+
+# -- small validation helpers -------------------------------------------------
+
+def _is_number(x) -> bool:
+    return (type(x) is int or type(x) is float) and math.isfinite(x)
+
+
+def _type_name(x) -> str:
+    return "null" if x is None else {dict: "object", list: "array", str: "string", bool: "boolean",
+                                     int: "integer", float: "number"}.get(type(x), type(x).__name__)
+
+
+def _bad_int_list(values: list, lo: int | None = None, hi: int | None = None) -> str | None:
+    """A problem description if ``values`` is not a list of ints within [lo, hi), else None."""
+    if {*map(type, values)} - _INT:
+        i, bad = next((i, v) for i, v in enumerate(values) if type(v) is not int)
+        return f"element {i} is {_type_name(bad)} {bad!r}, expected an integer"
+    if values and lo is not None and min(values) < lo:
+        i = next(i for i, v in enumerate(values) if v < lo)
+        return f"element {i} ({values[i]}) is below {lo}"
+    if values and hi is not None and max(values) >= hi:
+        i = next(i for i, v in enumerate(values) if v >= hi)
+        return f"element {i} ({values[i]}) is not below {hi}"
+    return None
+
+
+def _blocks_problem(n_hashes: int, n_tokens: int, block_size: int, allowed: str) -> str | None:
+    full, partial = divmod(n_tokens, block_size)
+    ceil = full + (1 if partial else 0)
+    ok = {"ceil": (ceil,), "floor": (full,), "either": (full, ceil)}[allowed]
+    if n_hashes in ok:
+        return None
+    expect = " or ".join(str(x) for x in sorted(set(ok)))
+    return (f"{n_hashes} hash id(s) contradict {n_tokens} input tokens at block size {block_size} "
+            f"(expected {expect})")
+
+
+def _json_error(path, exc: json.JSONDecodeError, line: int | None = None) -> TraceFormatError:
+    return TraceFormatError(path, exc.lineno if line is None else line,
+                            f"bad JSON: {exc.msg} (column {exc.colno})")
+
+
+def _iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if raw.strip():
+                yield lineno, raw
+
+
+def _loads_line(path: Path, lineno: int, raw: bytes):
+    try:
+        obj = json.loads(raw)
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(path, lineno, f"not UTF-8 text: {exc.reason}") from None
+    except json.JSONDecodeError as exc:
+        raise _json_error(path, exc, lineno) from None
+    if type(obj) is not dict:
+        raise TraceFormatError(path, lineno, f"expected a JSON object, got {_type_name(obj)}")
+    return obj
+
+
+# -- Mooncake ---------------------------------------------------------------------
+
+def load_mooncake(path: str | os.PathLike, block_size: int = MOONCAKE_BLOCK_SIZE, *,
+                  name: str | None = None) -> Trace:
+    """Load a Mooncake JSONL trace (timestamps in ms become seconds). See the module doc."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    path = Path(path)
+    requests: list[TraceRequest] = []
+    append = requests.append
+    last_ts = -math.inf
+    for lineno, raw in _iter_lines(path):
+        obj = _loads_line(path, lineno, raw)
+        try:
+            ts = obj["timestamp"]
+            n = obj["input_length"]
+            out = obj["output_length"]
+            ids = obj["hash_ids"]
+        except KeyError as exc:
+            raise TraceFormatError(path, lineno, f"missing field {exc.args[0]!r}") from None
+        if not _is_number(ts) or type(n) is not int or type(out) is not int or type(ids) is not list:
+            for key, want, ok in (("timestamp", "a finite number (ms)", _is_number(ts)),
+                                  ("input_length", "an integer", type(n) is int),
+                                  ("output_length", "an integer", type(out) is int),
+                                  ("hash_ids", "an array of integers", type(ids) is list)):
+                if not ok:
+                    value = obj[key]
+                    raise TraceFormatError(path, lineno, f"field {key!r} is {_type_name(value)} "
+                                                         f"{_short(value)}, expected {want}")
+        if n < 0 or out < 0:
+            key = "input_length" if n < 0 else "output_length"
+            raise TraceFormatError(path, lineno, f"field {key!r} is negative ({obj[key]})")
+        problem = _blocks_problem(len(ids), n, block_size, "ceil")
+        if problem is None:
+            problem = _bad_int_list(ids)
+            if problem is not None:
+                problem = f"field 'hash_ids': {problem}"
+        if problem is not None:
+            raise TraceFormatError(path, lineno, problem)
+        if ts < last_ts:
+            raise TraceFormatError(path, lineno, f"timestamp {ts} ms is earlier than the previous "
+                                                 f"request's {last_ts} ms (timestamps must not decrease)")
+        last_ts = ts
+        append(TraceRequest(ts / 1000.0, n, out, ids))
+    return Trace(requests, block_size, name if name is not None else path.stem, str(path), "mooncake")
+
+
+def _short(value, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# -- kv-cache-tester ---------------------------------------------------------------
+
+class _Problem(Exception):
+    """Internal: a problem at a JSON path inside one document."""
+
+    def __init__(self, jpath: tuple, message: str) -> None:
+        super().__init__(message)
+        self.jpath = jpath
+        self.message = message
+
+
+def _expand_paths(paths) -> list[Path]:
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    files: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            found = sorted(p.glob("*.json"))
+            if not found:
+                raise FileNotFoundError(f"{p}: no *.json trace files in this directory")
+            files.extend(found)
+        else:
+            files.append(p)
+    if not files:
+        raise ValueError("no trace files given")
+    return files
+
+
+def load_kvcache_tester(paths: str | os.PathLike | Iterable[str | os.PathLike], *,
+                        block_size: int | None = None, stagger: float = 0.0,
+                        name: str | None = None) -> Trace:
+    """Load kv-cache-tester conversations (files, or directories of ``*.json``). See the module doc.
+
+    ``block_size``, when given, must equal the files' own. ``stagger`` offsets
+    conversation ``k`` (in load order) by ``k * stagger`` seconds.
+    """
+    if stagger < 0 or not math.isfinite(stagger):
+        raise ValueError(f"stagger must be a finite number >= 0, got {stagger}")
+    files = _expand_paths(paths)
+    requests: list[TraceRequest] = []
+    file_block_size: int | None = block_size
+    origin = "the caller asked for it"
+    for index, path in enumerate(files):
+        text = path.read_text(encoding="utf-8")
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise _json_error(path, exc) from None
+        try:
+            size, reqs = _conversation(doc, index, index * stagger, path.stem)
+        except _Problem as problem:
+            line, col = _position(text, problem.jpath)
+            where = _jpath_text(problem.jpath)
+            raise TraceFormatError(path, line, f"{where + ': ' if where else ''}{problem.message}"
+                                               f"{f' (column {col})' if where else ''}") from None
+        if file_block_size is None:
+            file_block_size, origin = size, f"{path.name} has it"
+        elif size != file_block_size:
+            raise TraceFormatError(path, _position(text, ("block_size",))[0],
+                                   f"block_size {size} differs from {file_block_size} ({origin})")
+        requests.extend(reqs)
+    requests.sort(key=_timestamp_key)   # stable: ties keep file order, then order inside the file
+    if name is None:
+        name = files[0].parent.name if len(files) > 1 else files[0].stem
+    return Trace(requests, file_block_size, name, str(files[0].parent if len(files) > 1 else files[0]),
+                 "kvcache-tester", {"files": [str(p) for p in files]})
+
+
+def _timestamp_key(r: TraceRequest) -> float:
+    return r.timestamp
+
+
+def _conversation(doc, index: int, offset: float, stem: str) -> tuple[int, list[TraceRequest]]:
+    if type(doc) is not dict:
+        raise _Problem((), f"expected a JSON object (one conversation), got {_type_name(doc)}")
+    if "requests" not in doc:
+        raise _Problem((), "missing field 'requests'")
+    if "block_size" not in doc:
+        raise _Problem((), "missing field 'block_size'")
+    size = doc["block_size"]
+    if type(size) is not int or size <= 0:
+        raise _Problem(("block_size",), f"block_size must be a positive integer, got {_short(size)}")
+    scope = doc.get("hash_id_scope", "local")
+    if scope not in ("local", "global"):
+        raise _Problem(("hash_id_scope",), f"hash_id_scope must be 'local' or 'global', got {_short(scope)}")
+    base = 0 if scope == "global" else index << NAMESPACE_BITS
+    session = doc.get("id")
+    session = session if isinstance(session, str) else stem
+    out: list[TraceRequest] = []
+    _walk(doc["requests"], ("requests",), size, base, offset, session, None, out)
+    return size, out
+
+
+def _walk(reqs, jpath: tuple, size: int, base: int, offset: float, session: str, parent: str | None,
+          out: list[TraceRequest]) -> None:
+    if type(reqs) is not list:
+        raise _Problem(jpath, f"'requests' must be an array, got {_type_name(reqs)}")
+    last_t = -math.inf
+    for i, r in enumerate(reqs):
+        here = jpath + (i,)
+        if type(r) is not dict:
+            raise _Problem(here, f"expected a request object, got {_type_name(r)}")
+        if "t" not in r:
+            raise _Problem(here, "missing field 't'")
+        t = r["t"]
+        if not _is_number(t):
+            raise _Problem(here, f"field 't' is {_type_name(t)} {_short(t)}, expected a finite number (s)")
+        if t < last_t:
+            raise _Problem(here, f"t {t} s is earlier than the previous request's {last_t} s "
+                                 "(timestamps must not decrease)")
+        last_t = t
+        if "requests" in r and "hash_ids" not in r:         # a sub-agent: flatten its requests
+            agent = r.get("agent_id")
+            label = f"{session}/{agent if isinstance(agent, str) else i}"
+            _walk(r["requests"], here + ("requests",), size, base, offset + t, label, session, out)
+            continue
+        for key in ("in", "out", "hash_ids"):
+            if key not in r:
+                raise _Problem(here, f"missing field {key!r}")
+        n, m, ids = r["in"], r["out"], r["hash_ids"]
+        for key, value in (("in", n), ("out", m)):
+            if type(value) is not int:
+                raise _Problem(here, f"field {key!r} is {_type_name(value)} {_short(value)}, expected an integer")
+            if value < 0:
+                raise _Problem(here, f"field {key!r} is negative ({value})")
+        if type(ids) is not list:
+            raise _Problem(here, f"field 'hash_ids' is {_type_name(ids)}, expected an array of integers")
+        problem = _blocks_problem(len(ids), n, size, "either")
+        if problem is None:
+            problem = _bad_int_list(ids, 0, _MAX_LOCAL_ID)
+            if problem is not None:
+                problem = f"field 'hash_ids': {problem}"
+        if problem is not None:
+            raise _Problem(here, problem)
+        kind = r.get("type")
+        out.append(TraceRequest(offset + t, n, m, [base + h for h in ids] if base else ids,
+                                session=session, kind=kind if isinstance(kind, str) else None, parent=parent))
+
+
+def _jpath_text(jpath: tuple) -> str:
+    text = ""
+    for step in jpath:
+        text += f"[{step}]" if isinstance(step, int) else (f".{step}" if text else step)
+    return text
+
+
+_WS = " \t\n\r"
+
+
+def _position(text: str, jpath: tuple) -> tuple[int, int]:
+    """(line, column), 1-based, of the value at ``jpath`` in a JSON document; best effort."""
+    pos = _locate(text, jpath)
+    line = text.count("\n", 0, pos) + 1
+    return line, pos - (text.rfind("\n", 0, pos) + 1) + 1
+
+
+def _locate(text: str, jpath: tuple) -> int:
+    decode = json.JSONDecoder().raw_decode
+    n = len(text)
+
+    def skip(p: int) -> int:
+        while p < n and text[p] in _WS:
+            p += 1
+        return p
+
+    pos = skip(0)
+    try:
+        for step in jpath:
+            if isinstance(step, int):
+                if text[pos] != "[":
+                    return pos
+                p = skip(pos + 1)
+                for _ in range(step):
+                    if text[p] == "]":
+                        return pos
+                    _, p = decode(text, p)
+                    p = skip(p)
+                    if text[p] == ",":
+                        p = skip(p + 1)
+                if text[p] == "]":
+                    return pos
+                pos = p
+            else:
+                if text[pos] != "{":
+                    return pos
+                p = skip(pos + 1)
+                while True:
+                    if text[p] == "}":
+                        return pos
+                    key, p = decode(text, p)
+                    p = skip(p)
+                    p = skip(p + 1)          # the ':'
+                    if key == step:
+                        break
+                    _, p = decode(text, p)
+                    p = skip(p)
+                    if text[p] == ",":
+                        p = skip(p + 1)
+                pos = p
+    except (IndexError, ValueError):
+        pass
+    return pos
+
+
+# -- prefixkv token traces ------------------------------------------------------------
+
+def load_token_trace(path: str | os.PathLike, block_size: int | None = None, *,
+                     name: str | None = None) -> Trace:
+    """Load a prefixkv token JSONL trace. ``block_size`` overrides the header's (default 16)."""
+    path = Path(path)
+    header: dict = {}
+    requests: list[TraceRequest] = []
+    append = requests.append
+    last_ts = -math.inf
+    first = True
+    for lineno, raw in _iter_lines(path):
+        obj = _loads_line(path, lineno, raw)
+        if first and "prefixkv_trace" in obj:
+            first = False
+            version = obj["prefixkv_trace"]
+            if version != TOKEN_FORMAT_VERSION or type(version) is not int:
+                raise TraceFormatError(path, lineno, f"unsupported prefixkv_trace version {_short(version)} "
+                                                     f"(this prefixkv reads {TOKEN_FORMAT_VERSION})")
+            size = obj.get("block_size")
+            if size is not None and (type(size) is not int or size <= 0):
+                raise TraceFormatError(path, lineno, f"header block_size must be a positive integer, "
+                                                     f"got {_short(size)}")
+            header = obj
+            continue
+        first = False
+        try:
+            append(_token_request(obj, last_ts))
+        except _Problem as problem:
+            raise TraceFormatError(path, lineno, problem.message) from None
+        last_ts = requests[-1].timestamp
+    size = block_size if block_size is not None else header.get("block_size") or DEFAULT_TOKEN_BLOCK_SIZE
+    if type(size) is not int or size <= 0:
+        raise ValueError(f"block_size must be a positive integer, got {size!r}")
+    if name is None:
+        name = header.get("name") if isinstance(header.get("name"), str) else path.stem
+    return Trace(requests, size, name, str(path), "tokens", header)
+
+
+def _token_request(obj: dict, last_ts: float) -> TraceRequest:
+    for key in ("timestamp", "tokens"):
+        if key not in obj:
+            raise _Problem((), f"missing field {key!r}")
+    ts, tokens = obj["timestamp"], obj["tokens"]
+    if not _is_number(ts):
+        raise _Problem((), f"field 'timestamp' is {_type_name(ts)} {_short(ts)}, expected a finite number (s)")
+    if type(tokens) is not list:
+        raise _Problem((), f"field 'tokens' is {_type_name(tokens)}, expected an array of token ids")
+    problem = _bad_int_list(tokens, 0, _MAX_TOKEN)
+    if problem is not None:
+        raise _Problem((), f"field 'tokens': {problem}")
+    out_tokens = obj.get("output_tokens")
+    out_len = obj.get("output_length")
+    if out_tokens is None and out_len is None:
+        raise _Problem((), "missing field 'output_tokens' or 'output_length' (one is required)")
+    if out_tokens is not None:
+        if type(out_tokens) is not list:
+            raise _Problem((), f"field 'output_tokens' is {_type_name(out_tokens)}, expected an array of token ids")
+        problem = _bad_int_list(out_tokens, 0, _MAX_TOKEN)
+        if problem is not None:
+            raise _Problem((), f"field 'output_tokens': {problem}")
+    if out_len is not None:
+        if type(out_len) is not int:
+            raise _Problem((), f"field 'output_length' is {_type_name(out_len)} {_short(out_len)}, expected an integer")
+        if out_len < 0:
+            raise _Problem((), f"field 'output_length' is negative ({out_len})")
+        if out_tokens is not None and out_len != len(out_tokens):
+            raise _Problem((), f"output_length {out_len} contradicts the {len(out_tokens)} output_tokens")
+    else:
+        out_len = len(out_tokens)
+    salt = obj.get("salt")
+    if salt is not None and type(salt) not in (str, int):
+        raise _Problem((), f"field 'salt' is {_type_name(salt)}, expected a string or an integer")
+    labels = {}
+    for key in ("session", "kind", "parent"):
+        value = obj.get(key)
+        if value is not None and type(value) is not str:
+            raise _Problem((), f"field {key!r} is {_type_name(value)}, expected a string")
+        labels[key] = value
+    if ts < last_ts:
+        raise _Problem((), f"timestamp {ts} s is earlier than the previous request's {last_ts} s "
+                           "(timestamps must not decrease)")
+    return TraceRequest(float(ts), len(tokens), out_len, None, tokens, out_tokens, salt, **labels)
+
+
+def write_token_trace(path: str | os.PathLike, requests: Iterable[TraceRequest], *,
+                      block_size: int | None = None, name: str | None = None,
+                      meta: dict | None = None) -> Path:
+    """Write requests (with ``tokens``) as a prefixkv token JSONL trace; returns the path.
+
+    The header records ``block_size``, ``name`` and ``meta`` (JSON-serialisable).
+    The output is a pure function of the arguments (byte-identical reruns).
+    The file is written next to its final name and renamed into place, so a
+    reader never sees half a trace.
+    """
+    path = Path(path)
+    header: dict = {"prefixkv_trace": TOKEN_FORMAT_VERSION}
+    if block_size is not None:
+        header["block_size"] = block_size
+    if name is not None:
+        header["name"] = name
+    if meta:
+        header.update((k, v) for k, v in meta.items() if k not in header)
+    dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    last_ts = -math.inf
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            f.write(dumps(header) + "\n")
+            for i, r in enumerate(requests):
+                if r.tokens is None:
+                    raise ValueError(f"request {i} has no token ids; a token trace needs them")
+                if r.timestamp < last_ts:
+                    raise ValueError(f"request {i}: timestamp {r.timestamp} is earlier than {last_ts}")
+                last_ts = r.timestamp
+                obj: dict = {"timestamp": r.timestamp}
+                for key in ("session", "kind", "parent", "salt"):
+                    value = getattr(r, key)
+                    if value is not None:
+                        obj[key] = value
+                obj["tokens"] = list(r.tokens)
+                if r.output_tokens is not None:
+                    obj["output_tokens"] = list(r.output_tokens)
+                else:
+                    obj["output_length"] = r.output_length
+                f.write(dumps(obj) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+# -- detection ------------------------------------------------------------------------
+
+def detect_format(path: str | os.PathLike) -> str:
+    """'mooncake', 'kvcache-tester' or 'tokens', from the content (a directory: kvcache-tester)."""
+    path = Path(path)
+    if path.is_dir():
+        return "kvcache-tester"
+    with open(path, "rb") as f:
+        head = b""
+        for raw in f:
+            if raw.strip():
+                head = raw
+                break
+    if not head:
+        raise TraceFormatError(path, 1, "empty file: no requests")
+    try:
+        obj = json.loads(head)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        obj = None      # a pretty-printed (multi-line) document
+    if isinstance(obj, dict):
+        if "hash_ids" in obj:
+            return "mooncake"
+        if "tokens" in obj or "prefixkv_trace" in obj:
+            return "tokens"
+        if "requests" in obj:
+            return "kvcache-tester"
+    if path.suffix == ".json" or obj is None:
+        return "kvcache-tester"
+    raise TraceFormatError(path, 1, "unknown trace format: expected Mooncake ('hash_ids'), prefixkv "
+                                    "tokens ('tokens') or a kv-cache-tester document ('requests')")
+
+
+def load_trace(path: str | os.PathLike | Sequence[str | os.PathLike], format: str = "auto", *,
+               block_size: int | None = None, name: str | None = None) -> Trace:
+    """Load a trace of any supported format (``format``: auto, mooncake, kvcache-tester, tokens).
+
+    A list of paths, or a directory, is a kv-cache-tester set. ``block_size``
+    defaults to the format's own (Mooncake 512, kv-cache-tester from the file,
+    token traces from the header or 16).
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        paths = list(path)
+        if format not in ("auto", "kvcache-tester", "kv-cache-tester", "weka"):
+            raise ValueError(f"several paths load only as kvcache-tester, not {format!r}")
+        return load_kvcache_tester(paths, block_size=block_size, name=name)
+    if format == "auto":
+        format = detect_format(path)
+    fmt = _FORMAT_ALIASES.get(format)
+    if fmt is None:
+        raise ValueError(f"unknown trace format {format!r}; choose from auto, {', '.join(FORMATS)}")
+    if fmt == "mooncake":
+        return load_mooncake(path, block_size if block_size is not None else MOONCAKE_BLOCK_SIZE, name=name)
+    if fmt == "kvcache-tester":
+        return load_kvcache_tester(path, block_size=block_size, name=name)
+    return load_token_trace(path, block_size, name=name)

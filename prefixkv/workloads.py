@@ -1,0 +1,262 @@
+"""A seeded synthetic workload generator that writes a prefixkv token trace.
+
+The generator writes a file first (``generate_trace``); a replay loads it
+afterwards (``prefixkv.traces.load_trace``). A fixed file is the basis of every
+fair comparison: every policy and capacity sees exactly the same requests.
+
+The workload mixes the sharing patterns a prefix cache lives on:
+
+* **Tenants with shared system prompts.** Each tenant has one system prompt
+  (random tokens) that starts every one of its requests. Tenants are picked
+  with Zipf popularity (``tenant_zipf``), so a few are hot and many are cold.
+  With ``salt_tenants`` each tenant's requests carry a salt (isolated caches).
+* **Multi-turn chat sessions** (``chat``): turn ``k``'s prompt is turn
+  ``k-1``'s prompt, plus ``k-1``'s output, plus new user text.
+* **Few-shot templates** (``fewshot``): system prompt + one of the tenant's
+  templates (instructions and examples, Zipf popularity ``template_zipf``)
+  + a short query. One request per session.
+* **Agent loops** (``agent``): system prompt + a task, then each step appends
+  the model's action (its output) and the tool's output to the prompt.
+* **One-shot questions** (``oneshot``): system prompt + a question.
+
+Sessions arrive as a Poisson process (``session_rate`` per second); a session
+of kind ``k`` is drawn from ``mix``. Later turns of a chat follow after an
+exponential think time (mean ``think_time`` s), later agent steps after an
+exponential tool time (mean ``tool_time`` s). Lengths are drawn uniformly from
+inclusive ``(low, high)`` ranges; turn and step counts are geometric
+(``1, 2, ...``) with the given mean. Sessions are generated until the
+``num_requests`` earliest requests are all known; the trace holds exactly
+those, in time order (ties: session order, then turn order).
+
+Everything is drawn from one ``numpy.random.Generator`` seeded with ``seed``,
+in a fixed order: the same config writes a byte-identical file.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import numpy as np
+
+from .traces import Trace, TraceRequest, load_token_trace, write_token_trace
+
+__all__ = ["WorkloadConfig", "DEFAULT_WORKLOAD", "BUILTIN_WORKLOADS", "generate_requests", "generate_trace",
+           "builtin_trace"]
+
+KINDS = ("chat", "fewshot", "agent", "oneshot")
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """Parameters of a synthetic workload (token counts are tokens; times are seconds)."""
+
+    name: str = "default"
+    seed: int = 0
+    num_requests: int = 300                 # requests in the trace
+    block_size: int = 16                    # recorded in the header: replays use it unless told otherwise
+    vocab_size: int = 32_000                # token ids are drawn from [0, vocab_size)
+    session_rate: float = 4.0               # new sessions per second (Poisson arrivals)
+    think_time: float = 4.0                 # mean gap between chat turns (exponential)
+    tool_time: float = 1.0                  # mean gap between agent steps (exponential)
+    # session kinds and their weights
+    mix: tuple[tuple[str, float], ...] = (("chat", 0.45), ("fewshot", 0.25), ("agent", 0.2), ("oneshot", 0.1))
+    # tenants
+    num_tenants: int = 8
+    tenant_zipf: float = 1.1                # popularity of tenant i is proportional to 1 / i**s
+    salt_tenants: bool = False              # give each tenant's requests a salt (no cross-tenant sharing)
+    system_prompt_tokens: tuple[int, int] = (200, 800)
+    # chat
+    chat_turns: float = 4.0                 # mean turns per chat session (geometric)
+    user_tokens: tuple[int, int] = (20, 200)
+    chat_output_tokens: tuple[int, int] = (20, 300)
+    # few-shot
+    templates_per_tenant: int = 4
+    template_zipf: float = 1.0
+    template_tokens: tuple[int, int] = (300, 1200)
+    query_tokens: tuple[int, int] = (20, 150)
+    fewshot_output_tokens: tuple[int, int] = (5, 100)
+    # agent
+    agent_steps: float = 5.0                # mean steps per agent loop (geometric)
+    task_tokens: tuple[int, int] = (50, 300)
+    action_tokens: tuple[int, int] = (20, 150)
+    tool_output_tokens: tuple[int, int] = (50, 600)
+    # one-shot
+    question_tokens: tuple[int, int] = (20, 300)
+    oneshot_output_tokens: tuple[int, int] = (20, 300)
+
+    def __post_init__(self) -> None:
+        if self.num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        if self.block_size < 1 or self.vocab_size < 2 or self.num_tenants < 1 or self.templates_per_tenant < 1:
+            raise ValueError("block_size, num_tenants and templates_per_tenant must be >= 1, vocab_size >= 2")
+        for name in ("session_rate",):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("think_time", "tool_time", "tenant_zipf", "template_zipf"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("chat_turns", "agent_steps"):
+            if not getattr(self, name) >= 1:
+                raise ValueError(f"{name} (a mean count) must be >= 1, got {getattr(self, name)}")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_tokens") and not (isinstance(value, tuple) and len(value) == 2
+                                                   and 0 <= value[0] <= value[1]):
+                raise ValueError(f"{f.name} must be a (low, high) pair with 0 <= low <= high, got {value!r}")
+        kinds = [k for k, _ in self.mix]
+        if not kinds or any(k not in KINDS for k in kinds) or len(set(kinds)) != len(kinds):
+            raise ValueError(f"mix must name distinct kinds from {KINDS}, got {kinds}")
+        weights = [w for _, w in self.mix]
+        if any(not w >= 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"mix weights must be >= 0 with a positive sum, got {weights}")
+        if self.system_prompt_tokens[1] < 1:
+            raise ValueError("system prompts need at least one token")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+DEFAULT_WORKLOAD = WorkloadConfig()
+"""The built-in workload: 300 requests, 427,200 prompt tokens (26,555 blocks of 16, 5,610 distinct).
+One LRU replay at block size 16 takes about 25 ms."""
+
+BUILTIN_WORKLOADS: dict[str, WorkloadConfig] = {
+    "default": DEFAULT_WORKLOAD,
+    "chat": replace(DEFAULT_WORKLOAD, name="chat", mix=(("chat", 1.0),)),
+    "agent": replace(DEFAULT_WORKLOAD, name="agent", mix=(("agent", 1.0),)),
+    "large": replace(DEFAULT_WORKLOAD, name="large", num_requests=5000, num_tenants=32),
+}
+
+
+def _zipf(n: int, s: float) -> np.ndarray:
+    weights = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** s
+    return weights / weights.sum()
+
+
+class _Generator:
+    def __init__(self, config: WorkloadConfig) -> None:
+        self.c = config
+        self.rng = np.random.default_rng(config.seed)
+        c = config
+        self.tenant_p = _zipf(c.num_tenants, c.tenant_zipf)
+        self.template_p = _zipf(c.templates_per_tenant, c.template_zipf)
+        self.kinds = [k for k, _ in c.mix]
+        w = np.array([w for _, w in c.mix], dtype=np.float64)
+        self.kind_p = w / w.sum()
+        self.system = [self.tokens(c.system_prompt_tokens) for _ in range(c.num_tenants)]
+        self.templates = [[self.tokens(c.template_tokens) for _ in range(c.templates_per_tenant)]
+                          for _ in range(c.num_tenants)]
+
+    def length(self, bounds: tuple[int, int]) -> int:
+        return int(self.rng.integers(bounds[0], bounds[1] + 1))
+
+    def tokens(self, bounds: tuple[int, int]) -> list[int]:
+        return self.rng.integers(0, self.c.vocab_size, self.length(bounds)).tolist()
+
+    def session(self, index: int, start: float) -> list[tuple[float, int, int, TraceRequest]]:
+        """One session's requests as (time, session index, turn, request)."""
+        c, rng = self.c, self.rng
+        tenant = int(rng.choice(c.num_tenants, p=self.tenant_p))
+        kind = self.kinds[int(rng.choice(len(self.kinds), p=self.kind_p))]
+        salt = f"tenant-{tenant}" if c.salt_tenants else None
+        label = f"t{tenant}/{kind}{index}"
+        prompt = list(self.system[tenant])
+        out: list[tuple[float, int, int, TraceRequest]] = []
+        t = start
+
+        def emit(output: list[int]) -> None:
+            request = TraceRequest(round(t, 6), len(prompt), len(output), None, list(prompt), output, salt,
+                                   session=label, kind=kind)
+            out.append((request.timestamp, index, len(out), request))
+
+        if kind == "chat":
+            for turn in range(int(rng.geometric(1.0 / c.chat_turns))):
+                if turn:
+                    t += float(rng.exponential(c.think_time))
+                prompt += self.tokens(c.user_tokens)
+                output = self.tokens(c.chat_output_tokens)
+                emit(output)
+                prompt += output
+        elif kind == "agent":
+            prompt += self.tokens(c.task_tokens)
+            for step in range(int(rng.geometric(1.0 / c.agent_steps))):
+                if step:
+                    t += float(rng.exponential(c.tool_time))
+                output = self.tokens(c.action_tokens)
+                emit(output)
+                prompt += output
+                prompt += self.tokens(c.tool_output_tokens)
+        elif kind == "fewshot":
+            template = int(rng.choice(c.templates_per_tenant, p=self.template_p))
+            prompt += self.templates[tenant][template]
+            prompt += self.tokens(c.query_tokens)
+            emit(self.tokens(c.fewshot_output_tokens))
+        else:
+            prompt += self.tokens(c.question_tokens)
+            emit(self.tokens(c.oneshot_output_tokens))
+        return out
+
+    def run(self) -> list[TraceRequest]:
+        n = self.c.num_requests
+        entries: list[tuple[float, int, int, TraceRequest]] = []
+        times: list[float] = []          # sorted request times, to know when the first n are final
+        start = 0.0
+        index = 0
+        while True:
+            if len(times) >= n and start > times[n - 1]:
+                break                    # no later session can add one of the n earliest requests
+            for entry in self.session(index, start):
+                entries.append(entry)
+                bisect.insort(times, entry[0])
+            index += 1
+            start += float(self.rng.exponential(1.0 / self.c.session_rate))
+        entries.sort(key=lambda e: e[:3])
+        return [e[3] for e in entries[:n]]
+
+
+def generate_requests(config: WorkloadConfig = DEFAULT_WORKLOAD) -> list[TraceRequest]:
+    """The workload's requests in time order (token traces: ``tokens`` set, ``block_hashes`` None)."""
+    return _Generator(config).run()
+
+
+def generate_trace(path: str | os.PathLike, config: WorkloadConfig = DEFAULT_WORKLOAD) -> Path:
+    """Write the workload as a prefixkv token JSONL trace at ``path``; returns the path.
+
+    The header records the generator and the full config. Same config, same bytes.
+    """
+    requests = generate_requests(config)
+    return write_token_trace(path, requests, block_size=config.block_size, name=config.name,
+                             meta={"generator": "prefixkv.workloads", "config": config.as_dict()})
+
+
+def builtin_trace(name: str = "default", directory: str | os.PathLike | None = None) -> Trace:
+    """Generate (once, into ``directory``) and load a built-in workload by name.
+
+    The file is ``<directory>/prefixkv-<name>-<seed>.jsonl``; an existing file
+    is reused only if its header records the same config. ``directory``
+    defaults to the system temporary directory.
+    """
+    if name not in BUILTIN_WORKLOADS:
+        raise KeyError(f"unknown built-in workload {name!r}; choose from {sorted(BUILTIN_WORKLOADS)}")
+    config = BUILTIN_WORKLOADS[name]
+    if directory is None:
+        import tempfile
+        directory = tempfile.gettempdir()
+    path = Path(directory) / f"prefixkv-{config.name}-{config.seed}.jsonl"
+    if not _header_matches(path, config):
+        generate_trace(path, config)
+    return load_token_trace(path)
+
+
+def _header_matches(path: Path, config: WorkloadConfig) -> bool:
+    try:
+        with open(path, "rb") as f:
+            header = json.loads(f.readline())
+    except (OSError, ValueError):
+        return False
+    expected = json.loads(json.dumps(config.as_dict()))   # tuples become lists, as in the file
+    return isinstance(header, dict) and header.get("config") == expected

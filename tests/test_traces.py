@@ -1,0 +1,430 @@
+"""Trace loading (Mooncake, kv-cache-tester, prefixkv tokens) and the synthetic workload generator."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from prefixkv.errors import PrefixKVError
+from prefixkv.manager import KVCacheManager
+from prefixkv.traces import (NAMESPACE_BITS, TraceFormatError, TraceRequest, detect_format,
+                             load_kvcache_tester, load_mooncake, load_token_trace, load_trace,
+                             write_token_trace)
+from prefixkv.workloads import (BUILTIN_WORKLOADS, DEFAULT_WORKLOAD, WorkloadConfig, builtin_trace,
+                                generate_requests, generate_trace)
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared traces not found at {SHARED}")
+
+
+def write_lines(path, lines):
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return path
+
+
+def mooncake(ts, n, ids, out=10):
+    return {"timestamp": ts, "input_length": n, "output_length": out, "hash_ids": ids}
+
+
+def assert_names(exc_info, path, line, *words):
+    err = exc_info.value
+    assert isinstance(err, PrefixKVError) and isinstance(err, ValueError)
+    assert err.path == str(path) and err.line == line
+    message = str(err)
+    assert message.startswith(f"{path}:{line}: "), message
+    for word in words:
+        assert word in message, message
+
+
+# -- Mooncake ------------------------------------------------------------------------
+
+def test_mooncake_loads_and_converts_ms(tmp_path):
+    path = write_lines(tmp_path / "m.jsonl", [mooncake(0, 1000, [1, 2]), "", mooncake(1500, 512, [1], out=3)])
+    trace = load_mooncake(path)
+    assert trace.block_size == 512 and trace.format == "mooncake" and len(trace) == 2
+    a, b = trace.requests
+    assert (a.timestamp, a.input_length, a.output_length, a.block_hashes) == (0.0, 1000, 10, [1, 2])
+    assert (b.timestamp, b.output_length, b.tokens) == (1.5, 3, None)
+    assert trace.num_block_accesses() == 3 and trace.num_block_accesses(include_partial=False) == 2
+    assert trace.distinct_blocks() == 2
+
+
+@pytest.mark.parametrize("bad, line, words", [
+    ('{"timestamp": 5, "input_length": 10,', 2, ["bad JSON"]),
+    ('[1, 2]', 2, ["expected a JSON object"]),
+    ({"timestamp": 5, "input_length": 10, "output_length": 1}, 2, ["missing field", "hash_ids"]),
+    ({"input_length": 10, "output_length": 1, "hash_ids": [1]}, 2, ["missing field", "timestamp"]),
+    (mooncake(5, -10, []), 2, ["negative", "input_length"]),
+    (mooncake(5, 10, [1], out=-1), 2, ["negative", "output_length"]),
+    (mooncake(5, 1025, [1, 2]), 2, ["2 hash id(s) contradict 1025", "expected 3"]),
+    (mooncake(5, 10, [1, 2]), 2, ["contradict"]),
+    (mooncake(5, "10", [1]), 2, ["input_length", "string"]),
+    (mooncake(5, 10.0, [1]), 2, ["input_length", "number"]),
+    (mooncake(None, 10, [1]), 2, ["timestamp"]),
+    (mooncake(5, 10, "1"), 2, ["hash_ids", "array"]),
+    (mooncake(5, 10, ["a"]), 2, ["hash_ids", "element 0"]),
+    (mooncake(5, 10, [True]), 2, ["hash_ids", "boolean"]),
+])
+def test_mooncake_malformed_names_file_and_line(tmp_path, bad, line, words):
+    path = write_lines(tmp_path / "bad.jsonl", [mooncake(0, 10, [7]), bad, mooncake(9, 10, [7])])
+    with pytest.raises(TraceFormatError) as exc_info:
+        load_mooncake(path)
+    assert_names(exc_info, path, line, *words)
+
+
+def test_mooncake_decreasing_timestamp_is_an_error(tmp_path):
+    path = write_lines(tmp_path / "m.jsonl", [mooncake(0, 10, [1]), mooncake(5, 10, [1]), mooncake(5, 10, [1]),
+                                              "", mooncake(4, 10, [1])])
+    with pytest.raises(TraceFormatError) as exc_info:
+        load_mooncake(path)
+    assert_names(exc_info, path, 5, "earlier", "must not decrease")
+
+
+def test_mooncake_block_size_is_a_parameter(tmp_path):
+    path = write_lines(tmp_path / "m.jsonl", [mooncake(0, 100, [1, 2, 3, 4, 5, 6, 7])])
+    assert load_mooncake(path, block_size=16).block_size == 16
+    with pytest.raises(TraceFormatError):
+        load_mooncake(path)
+
+
+def test_hashed_requests_fit_the_manager(tmp_path):
+    path = write_lines(tmp_path / "m.jsonl", [mooncake(0, 10, [1, 2, 3]), mooncake(1, 12, [1, 2, 3])])
+    trace = load_mooncake(path, block_size=4)
+    mgr = KVCacheManager(16, 4, hash_seed=0)
+    hits = []
+    for i, r in enumerate(trace):
+        hits.append(mgr.admit(i, mgr.prompt_from_hashes(r.block_hashes, r.input_length), compute_last_token=False))
+        mgr.free(i)
+    assert hits == [0, 8]
+
+
+# -- kv-cache-tester -------------------------------------------------------------------
+
+def conversation(requests, block_size=4, **extra):
+    return {"id": extra.pop("id", "conv"), "block_size": block_size, "hash_id_scope": "local",
+            "requests": requests, **extra}
+
+
+def req(t, n, ids, out=5, **extra):
+    return {"t": t, "type": "n", "in": n, "out": out, "hash_ids": ids, **extra}
+
+
+def pretty(path, doc):
+    """One request per line, like a pretty-printed document: line numbers are meaningful."""
+    path.write_text(json.dumps(doc, indent=1))
+    return path
+
+
+def line_of(path, needle):
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if needle in line)
+
+
+def test_kvcache_tester_flattens_subagents_and_namespaces(tmp_path):
+    a = conversation([req(0.0, 8, [1, 2]),
+                      {"t": 10.0, "type": "subagent", "agent_id": "agent_001",
+                       "requests": [req(0.0, 4, [50]), req(3.0, 9, [50, 51])]},
+                      req(12.0, 12, [1, 2, 3])], id="a")
+    b = conversation([req(0.0, 8, [1, 2]), req(11.0, 7, [1])], id="b")
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    trace = load_kvcache_tester(tmp_path)
+    assert trace.format == "kvcache-tester" and trace.block_size == 4
+    assert [(r.timestamp, r.session) for r in trace] == [
+        (0.0, "a"), (0.0, "b"), (10.0, "a/agent_001"), (11.0, "b"), (12.0, "a"), (13.0, "a/agent_001")]
+    sub = [r for r in trace if r.parent is not None]
+    assert [r.parent for r in sub] == ["a", "a"] and sub[1].block_hashes == [50, 51]
+    # equal local ids in two files do not collide
+    first_a, first_b = trace.requests[0], trace.requests[1]
+    assert first_a.block_hashes == [1, 2]
+    assert first_b.block_hashes == [(1 << NAMESPACE_BITS) + 1, (1 << NAMESPACE_BITS) + 2]
+    assert not set(first_a.block_hashes) & set(first_b.block_hashes)
+    assert trace.num_block_accesses() == 2 + 1 + 2 + 3 + 2 + 1
+    assert trace.distinct_blocks() == 3 + 2 + 2
+
+
+def test_kvcache_tester_global_scope_and_stagger(tmp_path):
+    for stem in ("x", "y"):
+        doc = conversation([req(0.0, 8, [1, 2])], id=stem)
+        doc["hash_id_scope"] = "global"
+        (tmp_path / f"{stem}.json").write_text(json.dumps(doc))
+    trace = load_kvcache_tester([tmp_path / "x.json", tmp_path / "y.json"], stagger=5.0)
+    assert [r.block_hashes for r in trace] == [[1, 2], [1, 2]]
+    assert [r.timestamp for r in trace] == [0.0, 5.0]
+
+
+def test_kvcache_tester_accepts_floor_and_ceil_hash_counts(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(conversation([req(0.0, 9, [1, 2]), req(1.0, 9, [1, 2, 3]), req(2.0, 8, [1, 2])])))
+    assert len(load_kvcache_tester(path)) == 3
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda r: r.pop("in"), ["missing field 'in'"]),
+    (lambda r: r.pop("t"), ["missing field 't'"]),
+    (lambda r: r.update({"in": -3}), ["negative"]),
+    (lambda r: r.update({"out": -1}), ["negative", "'out'"]),
+    (lambda r: r.update({"hash_ids": [1, 2, 3, 4, 5]}), ["5 hash id(s) contradict 9", "expected 2 or 3"]),
+    (lambda r: r.update({"hash_ids": [1, -2]}), ["hash_ids", "below 0"]),
+    (lambda r: r.update({"in": "9"}), ["'in'", "string"]),
+    (lambda r: r.update({"t": 0.5}), ["earlier", "must not decrease"]),
+])
+def test_kvcache_tester_malformed_request_names_file_line_and_path(tmp_path, mutate, words):
+    bad = req(2.0, 9, [1, 2], marker="BAD")
+    mutate(bad)
+    doc = conversation([req(0.0, 4, [1]), req(1.0, 4, [1]), bad, req(3.0, 4, [1])])
+    path = pretty(tmp_path / "conv.json", doc)
+    with pytest.raises(TraceFormatError) as exc_info:
+        load_kvcache_tester(path)
+    # the error points at the line where the offending request object opens
+    marker_line = line_of(path, '"marker": "BAD"')
+    opening = [i for i, line in enumerate(path.read_text().splitlines(), 1) if line.strip() == "{"
+               and i < marker_line][-1]
+    assert_names(exc_info, path, opening, "requests[2]", *words)
+
+
+def test_kvcache_tester_nested_error_names_the_nested_request(tmp_path):
+    doc = conversation([req(0.0, 4, [1]),
+                        {"t": 1.0, "type": "subagent", "agent_id": "sa",
+                         "requests": [req(0.0, 4, [9]), req(1.0, -4, [])]}])
+    path = tmp_path / "one_line.json"
+    path.write_text(json.dumps(doc))            # a single line, as the real files are
+    with pytest.raises(TraceFormatError) as exc_info:
+        load_kvcache_tester(path)
+    assert_names(exc_info, path, 1, "requests[1].requests[1]", "negative", "column")
+    column = int(str(exc_info.value).split("(column ")[1].rstrip(")"))
+    assert path.read_text()[column - 1:].startswith('{"t": 1.0, "type": "n", "in": -4')
+
+
+def test_kvcache_tester_document_errors(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text('{"block_size": 4,\n "requests": [\n  {"t": 0, "in": 4,, "out": 1}\n]}')
+    with pytest.raises(TraceFormatError) as exc_info:
+        load_kvcache_tester(path)
+    assert_names(exc_info, path, 3, "bad JSON")
+    path.write_text(json.dumps({"block_size": 4}))
+    with pytest.raises(TraceFormatError) as exc_info:
+        load_kvcache_tester(path)
+    assert_names(exc_info, path, 1, "missing field 'requests'")
+    path.write_text(json.dumps({"requests": []}))
+    with pytest.raises(TraceFormatError, match="missing field 'block_size'"):
+        load_kvcache_tester(path)
+    (tmp_path / "other.json").write_text(json.dumps(conversation([req(0.0, 8, [1])], block_size=8)))
+    path.write_text(json.dumps(conversation([req(0.0, 8, [1, 2])], block_size=4)))
+    with pytest.raises(TraceFormatError, match="block_size 8 differs from 4"):
+        load_kvcache_tester(tmp_path)
+
+
+# -- prefixkv token traces ----------------------------------------------------------------
+
+def test_token_trace_round_trip_and_manager(tmp_path):
+    requests = [TraceRequest(0.0, 10, 3, None, list(range(10)), [7, 8, 9], None, "s1", "chat"),
+                TraceRequest(0.5, 13, 2, None, list(range(10)) + [7, 8, 9], None, "tenant", "s1", "chat")]
+    path = write_token_trace(tmp_path / "t.jsonl", requests, block_size=4, name="tiny")
+    trace = load_trace(path)
+    assert trace.format == "tokens" and trace.block_size == 4 and trace.name == "tiny"
+    assert [(r.timestamp, r.input_length, r.output_length, r.salt, r.session) for r in trace] == [
+        (0.0, 10, 3, None, "s1"), (0.5, 13, 2, "tenant", "s1")]
+    assert trace.requests[0].output_tokens == [7, 8, 9] and trace.requests[1].output_tokens is None
+    assert trace.requests[1].block_hashes is None and trace.num_block_accesses() == 2 + 3
+    assert load_token_trace(path, block_size=2).block_size == 2
+    # the salt isolates: the second request shares nothing with the first
+    assert trace.distinct_blocks() == 5
+    mgr = KVCacheManager(32, 4, hash_seed=0)
+    assert mgr.admit("a", mgr.prompt(trace.requests[0].tokens)) == 0
+    assert mgr.admit("b", mgr.prompt(trace.requests[1].tokens, salt=trace.requests[1].salt)) == 0
+
+
+def test_token_trace_without_header_defaults_to_block_size_16(tmp_path):
+    path = write_lines(tmp_path / "t.jsonl", [{"timestamp": 0, "tokens": [1] * 40, "output_length": 0}])
+    trace = load_trace(path)
+    assert trace.block_size == 16 and trace.num_block_accesses() == 2 and trace.name == "t"
+
+
+@pytest.mark.parametrize("bad, words", [
+    ("{not json", ["bad JSON"]),
+    ({"timestamp": 1, "output_length": 2}, ["missing field 'tokens'"]),
+    ({"tokens": [1], "output_length": 2}, ["missing field 'timestamp'"]),
+    ({"timestamp": 1, "tokens": [1]}, ["output_tokens", "output_length"]),
+    ({"timestamp": 1, "tokens": [1], "output_length": -2}, ["negative"]),
+    ({"timestamp": 1, "tokens": [1, -1], "output_length": 0}, ["tokens", "element 1", "below 0"]),
+    ({"timestamp": 1, "tokens": [1, 2**32], "output_length": 0}, ["tokens", "element 1"]),
+    ({"timestamp": 1, "tokens": [1, 2.5], "output_length": 0}, ["tokens", "element 1", "number"]),
+    ({"timestamp": 1, "tokens": [1], "output_tokens": [1, 2], "output_length": 3}, ["contradicts"]),
+    ({"timestamp": 1, "tokens": [1], "output_length": 0, "salt": [1]}, ["salt"]),
+    ({"timestamp": -1, "tokens": [1], "output_length": 0}, ["earlier", "must not decrease"]),
+])
+def test_token_trace_malformed_names_file_and_line(tmp_path, bad, words):
+    path = write_lines(tmp_path / "t.jsonl", [{"prefixkv_trace": 1, "block_size": 4},
+                                              {"timestamp": 0, "tokens": [1, 2], "output_length": 1},
+                                              "", bad])
+    with pytest.raises(TraceFormatError) as exc_info:
+        load_token_trace(path)
+    assert_names(exc_info, path, 4, *words)
+
+
+def test_token_trace_rejects_unknown_version(tmp_path):
+    path = write_lines(tmp_path / "t.jsonl", [{"prefixkv_trace": 2}])
+    with pytest.raises(TraceFormatError) as exc_info:
+        load_token_trace(path)
+    assert_names(exc_info, path, 1, "version")
+
+
+def test_write_token_trace_needs_tokens(tmp_path):
+    with pytest.raises(ValueError, match="no token ids"):
+        write_token_trace(tmp_path / "x.jsonl", [TraceRequest(0.0, 4, 0, [1])])
+    assert not list(tmp_path.iterdir())     # nothing half-written left behind
+
+
+# -- detection -------------------------------------------------------------------------------
+
+def test_load_trace_detects_formats(tmp_path):
+    m = write_lines(tmp_path / "m.jsonl", [mooncake(0, 10, [1])])
+    t = write_lines(tmp_path / "t.jsonl", [{"timestamp": 0, "tokens": [1], "output_length": 0}])
+    k = tmp_path / "k.json"
+    k.write_text(json.dumps(conversation([req(0.0, 4, [1])]), indent=2))
+    assert detect_format(m) == "mooncake" and detect_format(t) == "tokens" and detect_format(k) == "kvcache-tester"
+    assert load_trace(m).format == "mooncake"
+    assert load_trace(t).format == "tokens"
+    assert load_trace(k).format == "kvcache-tester"
+    assert load_trace([k]).format == "kvcache-tester"
+    assert load_trace(m, format="mooncake", block_size=16).block_size == 16
+    odd = write_lines(tmp_path / "odd.jsonl", [{"foo": 1}])
+    with pytest.raises(TraceFormatError, match="unknown trace format"):
+        load_trace(odd)
+    empty = write_lines(tmp_path / "empty.jsonl", [""])
+    with pytest.raises(TraceFormatError, match="empty"):
+        load_trace(empty)
+    with pytest.raises(ValueError, match="unknown trace format"):
+        load_trace(m, format="csv")
+
+
+# -- the real shared traces --------------------------------------------------------------------
+
+@needs_shared
+@pytest.mark.parametrize("name, requests, accesses, full_accesses, distinct", [
+    ("conversation_trace.jsonl", 12_031, 288_500, 276_491, 182_790),
+    ("synthetic_trace.jsonl", 3_993, 121_877, 117_888, 43_924),
+])
+def test_real_mooncake_traces(name, requests, accesses, full_accesses, distinct):
+    trace = load_trace(SHARED / name)
+    assert trace.format == "mooncake" and trace.block_size == 512
+    assert len(trace) == requests
+    assert trace.num_block_accesses() == accesses
+    assert trace.num_block_accesses(include_partial=False) == full_accesses
+    assert trace.distinct_blocks() == distinct
+    ts = [r.timestamp for r in trace]
+    assert ts == sorted(ts)
+
+
+@needs_shared
+def test_real_weka_sample():
+    trace = load_trace(SHARED / "weka-kv-cache-tester")
+    assert trace.format == "kvcache-tester" and trace.block_size == 64
+    assert len(trace.meta["files"]) == 24
+    tops = sum(len(json.loads(p.read_text())["requests"]) for p in (SHARED / "weka-kv-cache-tester").glob("*.json"))
+    assert tops == 914
+    # 914 top-level entries: 913 requests and one sub-agent (in trace_0014) holding 2 requests
+    assert len(trace) == 915
+    sub = [r for r in trace if r.parent is not None]
+    assert [(r.session, r.parent, r.timestamp) for r in sub] == [
+        ("trace_0014/agent_001", "trace_0014", 961.349), ("trace_0014/agent_001", "trace_0014", 965.349)]
+    assert trace.num_block_accesses() == 1_172_138
+    assert trace.distinct_blocks() == 67_792
+    assert {r.block_hashes[0] >> NAMESPACE_BITS for r in trace} == set(range(24))
+    ts = [r.timestamp for r in trace]
+    assert ts == sorted(ts)
+
+
+# -- the workload generator --------------------------------------------------------------------
+
+SMALL = replace(DEFAULT_WORKLOAD, name="small", num_requests=120)
+
+
+def test_generator_is_deterministic(tmp_path):
+    a = generate_trace(tmp_path / "a.jsonl", SMALL).read_bytes()
+    b = generate_trace(tmp_path / "b.jsonl", SMALL).read_bytes()
+    c = generate_trace(tmp_path / "c.jsonl", replace(SMALL, seed=1)).read_bytes()
+    assert a == b
+    assert a != c
+
+
+def test_generated_trace_loads_with_its_config(tmp_path):
+    path = generate_trace(tmp_path / "w.jsonl", SMALL)
+    trace = load_trace(path)
+    assert trace.format == "tokens" and trace.block_size == SMALL.block_size and trace.name == "small"
+    assert len(trace) == SMALL.num_requests
+    assert trace.meta["config"]["seed"] == SMALL.seed
+    ts = [r.timestamp for r in trace]
+    assert ts == sorted(ts)
+    assert {r.kind for r in trace} == {"chat", "fewshot", "agent", "oneshot"}
+    assert all(r.tokens is not None and r.block_hashes is None and r.output_length == len(r.output_tokens)
+               for r in trace)
+
+
+def test_generated_sessions_really_share_prefixes():
+    requests = generate_requests(SMALL)
+    by_session = {}
+    for r in requests:
+        by_session.setdefault(r.session, []).append(r)
+    grown = 0
+    for turns in by_session.values():
+        for prev, cur in zip(turns, turns[1:]):
+            # a later chat turn / agent step extends the previous prompt and its output
+            base = prev.tokens + prev.output_tokens
+            assert cur.tokens[:len(base)] == base and len(cur.tokens) > len(base)
+            grown += 1
+    assert grown > 20
+    # the same tenant's sessions share the system prompt
+    tenant_prompts = {}
+    for r in requests:
+        tenant_prompts.setdefault(r.session.split("/")[0], []).append(r.tokens)
+    popular = max(tenant_prompts.values(), key=len)
+    assert len(popular) > 5 and len({tuple(t[:SMALL.system_prompt_tokens[0]]) for t in popular}) == 1
+
+
+def test_generated_trace_gives_prefix_hits_through_the_manager(tmp_path):
+    trace = load_trace(generate_trace(tmp_path / "w.jsonl", SMALL))
+    size = trace.block_size
+    mgr = KVCacheManager(100_000, size, hash_seed=0)
+    hit = total = 0
+    for i, r in enumerate(trace):
+        hit += mgr.admit(i, mgr.prompt(r.tokens, salt=r.salt), compute_last_token=False)
+        total += r.input_length // size * size
+        mgr.free(i)
+    assert total == trace.num_block_accesses() * size
+    assert 0.3 < hit / total < 0.95
+
+
+def test_salted_tenants_do_not_share_across_tenants():
+    plain = generate_requests(replace(SMALL, num_tenants=1, salt_tenants=False))
+    salted = generate_requests(replace(SMALL, num_tenants=2, salt_tenants=True))
+    assert all(r.salt is None for r in plain)
+    assert {r.salt for r in salted} == {"tenant-0", "tenant-1"}
+
+
+def test_default_workload_size():
+    config = DEFAULT_WORKLOAD
+    requests = generate_requests(config)
+    tokens = sum(r.input_length for r in requests)
+    assert len(requests) == config.num_requests == 300
+    assert 100_000 < tokens < 1_000_000
+
+
+def test_builtin_trace_is_generated_once_and_reused(tmp_path):
+    trace = builtin_trace("default", tmp_path)
+    files = list(tmp_path.iterdir())
+    assert len(files) == 1 and len(trace) == DEFAULT_WORKLOAD.num_requests
+    stamp = files[0].stat().st_mtime_ns
+    builtin_trace("default", tmp_path)
+    assert files[0].stat().st_mtime_ns == stamp
+    assert set(BUILTIN_WORKLOADS) >= {"default"}
+    with pytest.raises(KeyError):
+        builtin_trace("nope", tmp_path)
+
+
+@pytest.mark.parametrize("bad", [dict(num_requests=0), dict(session_rate=0), dict(mix=(("video", 1.0),)),
+                                 dict(user_tokens=(5, 1)), dict(chat_turns=0.5)])
+def test_workload_config_validates(bad):
+    with pytest.raises(ValueError):
+        WorkloadConfig(**bad)
