@@ -395,8 +395,17 @@ class KVCacheManager:
             raise TypeError("decode_step needs token sequences; use append_slots for hashed ones")
         size = self.block_size
         ref = self.pool.ref_count
-        # A sequence needs a block when its tail is full (or it has none) or when its partial tail is shared.
-        needed = sum(1 for seq in seqs if not seq.num_tokens % size or ref[seq.table[-1]] > 1)
+        # A sequence needs a block when its tail is full (or it has none) or when its partial tail is
+        # shared; if every holder of a shared tail is in this batch, the last one writes in place.
+        needed = 0
+        shared_tails: dict[int, int] = {}
+        for seq in seqs:
+            if not seq.num_tokens % size:
+                needed += 1
+            elif ref[seq.table[-1]] > 1:
+                shared_tails[seq.table[-1]] = shared_tails.get(seq.table[-1], 0) + 1
+        for tail, writers in shared_tails.items():
+            needed += writers - (writers == ref[tail])
         if needed > self.pool.num_free:
             raise OutOfBlocks(needed, self.pool.num_free, f"decode step of {len(seqs)} sequence(s)")
         append_one = self._append_one

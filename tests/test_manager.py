@@ -473,3 +473,12 @@ def test_swap_errors():
     mgr.free("c")                            # a swapped sequence returns its host blocks
     assert mgr.num_free_host_blocks == 2
     mgr.check_invariants()
+
+
+def test_decode_step_lets_the_last_sharer_write_in_place():
+    mgr = make(num_blocks=3)
+    mgr.admit("a", [1, 2, 3, 4, 5])
+    mgr.fork("a", "b")                       # shared partial tail, one free block
+    slots = mgr.decode_step(["a", "b"], [7, 8])
+    assert mgr.stats().cow_copies == 1 and len(set(slots.tolist())) == 2
+    mgr.check_invariants()
