@@ -1,24 +1,48 @@
 """Eviction policies, chosen by name.
 
-``make_policy("lru")`` builds one; ``register("name")`` adds a class, and
-third-party packages can add theirs through the ``prefixkv.policies`` entry
-point group (the entry point loads the class; its key is the registry name).
+``make_policy("lru")`` builds one (keyword options go to the class);
+``register("name")`` adds a class, and third-party packages can add theirs
+through the ``prefixkv.policies`` entry point group (the entry point loads the
+class; its key is the registry name; a built-in name always wins).
+
+Built in: ``lru``, ``fifo``, ``lfu``, ``slru``, ``s3fifo``, ``arc``,
+``leaf-lru``, ``gdsf``, ``workload`` and the offline bound ``belady`` (needs
+``set_next_use`` from a trace replayer). ``PriorityPolicy(inner, ...)`` wraps
+any of them to pin or prioritise blocks.
 """
 
 from __future__ import annotations
 
+import warnings
 from importlib.metadata import entry_points
 from typing import Callable
 
+from .arc import ARCPolicy
 from .base import EvictionPolicy, PolicyBase
+from .belady import BeladyPolicy
 from .fifo import FIFOPolicy
+from .gdsf import GDSFPolicy
+from .leaf_lru import LeafLRUPolicy
+from .lfu import LFUPolicy
 from .lru import LRUPolicy
+from .priority import PriorityPolicy
+from .s3fifo import S3FIFOPolicy
+from .slru import SLRUPolicy
+from .workload import WorkloadPolicy
 
 ENTRY_POINT_GROUP = "prefixkv.policies"
 
 _BUILTIN: dict[str, Callable[..., EvictionPolicy]] = {
     "lru": LRUPolicy,
     "fifo": FIFOPolicy,
+    "lfu": LFUPolicy,
+    "slru": SLRUPolicy,
+    "s3fifo": S3FIFOPolicy,
+    "arc": ARCPolicy,
+    "leaf-lru": LeafLRUPolicy,
+    "gdsf": GDSFPolicy,
+    "workload": WorkloadPolicy,
+    "belady": BeladyPolicy,
 }
 
 
@@ -46,7 +70,13 @@ class PolicyRegistry:
             return
         self._entry_points_loaded = True
         for ep in entry_points(group=ENTRY_POINT_GROUP):
-            self._factories.setdefault(ep.name, ep.load())
+            if ep.name in self._factories:
+                continue  # built-in and explicitly registered names win
+            try:
+                self._factories[ep.name] = ep.load()
+            except Exception as exc:  # a broken plug-in must not break the built-in policies
+                warnings.warn(f"cannot load eviction policy {ep.name!r} from entry point {ep.value!r}: "
+                              f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=3)
 
     def names(self) -> list[str]:
         self._load_entry_points()
@@ -74,6 +104,17 @@ __all__ = [
     "PolicyBase",
     "LRUPolicy",
     "FIFOPolicy",
+    "LFUPolicy",
+    "SLRUPolicy",
+    "S3FIFOPolicy",
+    "ARCPolicy",
+    "LeafLRUPolicy",
+    "GDSFPolicy",
+    "WorkloadPolicy",
+    "BeladyPolicy",
+    "PriorityPolicy",
+    "PolicyRegistry",
+    "ENTRY_POINT_GROUP",
     "REGISTRY",
     "register",
     "make_policy",

@@ -19,6 +19,12 @@ A policy reads what it needs from ``self.pool`` after ``bind(pool)``: per-block
 ``depth`` (index in its prefix chain), ``parent_hash``, ``block_hash``,
 ``priority`` and ``lookup(hash) -> block | None`` for parent/child relations.
 Every event must cost O(1) or O(log n); no rebuild of an order per eviction.
+
+One policy object serves one pool (``bind`` does not reset state); it may size
+itself from ``pool.num_blocks`` and ``pool.block_size`` at ``bind`` and keep
+references to the pool's metadata lists (they are refilled in place on reset).
+``pool.priority[block]`` is the priority of the sequence that released the
+block last: larger means more important.
 """
 
 from __future__ import annotations

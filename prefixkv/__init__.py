@@ -13,6 +13,9 @@ from .pool import BlockPool
 from .prompt import Prompt
 from .sizing import KVSpec, Plan, format_size, parse_size, plan, tail_waste
 from .stats import CacheStats
+from .traces import Trace, TraceFormatError, TraceRequest, load_trace
+from .replay import ReplayResult, replay
+from .workloads import DEFAULT_WORKLOAD, WorkloadConfig, generate_trace
 
 __version__ = "0.1.0"
 
@@ -22,4 +25,6 @@ __all__ = [
     "KVEvent", "BlockStored", "BlockRemoved", "AllBlocksCleared",
     "PrefixKVError", "OutOfBlocks", "SequenceTooLong", "UnknownSequence", "DuplicateSequence",
     "InvalidTokens", "CacheBusy", "InvariantViolation", "HashMismatch",
+    "Trace", "TraceRequest", "TraceFormatError", "load_trace", "replay", "ReplayResult",
+    "WorkloadConfig", "DEFAULT_WORKLOAD", "generate_trace",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .sizing import KVSpec, format_size, parse_size, plan
@@ -77,6 +78,150 @@ def cmd_lab(args: argparse.Namespace) -> int:
     return 0 if all(c.passed for c in checks) else 1
 
 
+def _trace_sources(args: argparse.Namespace):
+    """The traces named on the command line, or the built-in workload written to a file first."""
+    from .compare import TraceSource
+    from .workloads import builtin_trace
+
+    traces = [args.trace] if isinstance(args.trace, str) else list(args.trace or [])
+    if not traces:
+        trace = builtin_trace(args.workload)
+        return [TraceSource(f"{args.workload} (generated)", (str(trace.path),), "tokens")]
+    sources = []
+    for item in traces:
+        label = os.path.basename(os.path.normpath(item)) or item
+        sources.append(TraceSource(label, (item,), args.format))
+    return sources
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from .replay import replay
+
+    source = _trace_sources(args)[0]
+    trace = source.load()
+    result = replay(trace, args.policy, args.capacity, mode=args.mode, warmup=args.warmup).as_dict()
+    result["trace"] = source.label
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{source.label}: {len(trace):,} requests, blocks of {trace.block_size} tokens, "
+          f"policy {args.policy}, capacity {args.capacity:,} blocks, {args.mode} mode")
+    for key in ("requests", "block_accesses", "block_hits", "block_hit_rate", "token_hit_rate", "evictions",
+                "oversized_requests", "waited_admissions", "mean_wait_s"):
+        if key in result:
+            value = result[key]
+            print(f"  {key:>20}  {value:.4f}" if isinstance(value, float) else f"  {key:>20}  {value:,}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from .compare import auto_capacities, gap_summary, plot, sweep
+    from .policies import available_policies
+
+    policies = args.policies or available_policies()
+    unknown = [p for p in policies if p not in available_policies()]
+    if unknown:
+        raise ValueError(f"unknown polic{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
+                         f"available: {', '.join(available_policies())}")
+    sources = _trace_sources(args)
+    capacities = {s.label: (auto_capacities(s.load()) if args.capacities == "auto" else args.capacities)
+                  for s in sources}
+    console = Console(stderr=True)
+    total = sum(len(policies) * len(capacities[s.label]) for s in sources)
+    with Progress(console=console, transient=True, disable=args.json or not console.is_terminal) as bar:
+        task = bar.add_task("replaying", total=total)
+        results = sweep(sources, policies, capacities, mode=args.mode, warmup=args.warmup,
+                        workers=args.workers, on_done=lambda _: bar.advance(task))
+    summary = gap_summary(results)
+    if args.plot:
+        plot(results, args.plot)
+    if args.json:
+        print(json.dumps({"results": results, "summary": summary}))
+        return 0
+    out = Console()
+    for source in sources:
+        caps = capacities[source.label]
+        rows = [r for r in results if r["trace"] == source.label]
+        table = Table(title=f"{source.label}: block hit rate (%) by capacity in blocks of "
+                            f"{rows[0]['block_size']} tokens, {args.mode} mode")
+        table.add_column("policy")
+        for c in caps:
+            table.add_column(f"{c:,}", justify="right")
+        rate = {(r["policy"], r["capacity"]): r["block_hit_rate"] for r in rows}
+        best = {c: max(rate[(p, c)] for p in policies if p != "belady") for c in caps}
+        for p in policies:
+            cells = []
+            for c in caps:
+                text = f"{100 * rate[(p, c)]:.2f}"
+                cells.append(f"[bold]{text}[/bold]" if p != "belady" and rate[(p, c)] == best[c] else text)
+            table.add_row("MIN (belady)" if p == "belady" else p, *cells)
+        gaps = {row["capacity"]: row for row in summary if row["trace"] == source.label}
+        if all("gap_closed" in gaps[c] for c in caps):
+            table.add_section()
+            table.add_row("best online", *[gaps[c]["best_policy"] for c in caps])
+            table.add_row("LRU->MIN gap closed",
+                          *["-" if gaps[c]["gap_closed"] is None else f"{100 * gaps[c]['gap_closed']:.0f}%"
+                            for c in caps])
+        out.print(table)
+    if args.plot:
+        out.print(f"plot written to {args.plot}")
+    return 0
+
+
+def cmd_workload(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from .workloads import BUILTIN_WORKLOADS, generate_trace
+
+    config = BUILTIN_WORKLOADS[args.name]
+    changes = {k: v for k, v in (("seed", args.seed), ("num_requests", args.requests)) if v is not None}
+    config = replace(config, **changes)
+    path = generate_trace(args.out, config)
+    print(f"wrote {path}: {config.num_requests:,} requests of workload {config.name!r}, seed {config.seed}")
+    return 0
+
+
+def _add_trace_args(p: argparse.ArgumentParser, many: bool) -> None:
+    from .workloads import BUILTIN_WORKLOADS
+
+    p.add_argument("--trace", action="append" if many else None, default=[] if many else None,
+                   help="a trace file or kv-cache-tester folder" + (" (repeatable)" if many else "")
+                        + "; default: the built-in generated workload")
+    p.add_argument("--format", default="auto", choices=["auto", "mooncake", "kvcache-tester", "tokens"])
+    p.add_argument("--workload", default="default", choices=sorted(BUILTIN_WORKLOADS),
+                   help="built-in workload used when no --trace is given")
+    p.add_argument("--mode", default="cache", choices=["cache", "concurrent"])
+    p.add_argument("--warmup", type=_fraction, default=0.0, help="fraction of requests excluded from measurement")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _policy_list(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _capacity_list(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        values = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"capacities must be comma-separated integers or 'auto', got {text!r}") from None
+    if not values or values[0] <= 0:
+        raise argparse.ArgumentTypeError(f"capacities must be positive, got {text!r}")
+    return values
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prefixkv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,6 +246,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bytes-per-token", type=_size, default=parse_size("128KiB"),
                    help="to express tail waste in bytes (default: the seed model's 128 KiB)")
     p.set_defaults(func=cmd_lab)
+
+    p = sub.add_parser("replay", help="replay a trace through the real manager with one policy and capacity")
+    _add_trace_args(p, many=False)
+    p.add_argument("--policy", default="lru")
+    p.add_argument("--capacity", type=_positive_int, required=True, help="cache capacity in blocks")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("compare", help="sweep policies x capacities against the offline optimum (MIN)",
+                       description="With no arguments: every registered policy on the built-in generated "
+                                   "workload at capacities of 1-50%% of its distinct blocks.")
+    _add_trace_args(p, many=True)
+    p.add_argument("--policies", type=_policy_list, default=None, help="comma-separated; default: all")
+    p.add_argument("--capacities", type=_capacity_list, default="auto",
+                   help="comma-separated block counts, or 'auto' (1-50%% of the distinct blocks)")
+    p.add_argument("--plot", metavar="FILE.png", help="write hit rate against capacity")
+    p.add_argument("--workers", type=_positive_int, default=None, help="processes (default: CPU count)")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("workload", help="write a seeded synthetic workload as a token trace file")
+    from .workloads import BUILTIN_WORKLOADS
+    p.add_argument("--name", default="default", choices=sorted(BUILTIN_WORKLOADS))
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--requests", type=_positive_int, default=None)
+    p.add_argument("--out", required=True, help="output JSONL path")
+    p.set_defaults(func=cmd_workload)
     return parser
 
 
@@ -109,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as exc:
+    except (ValueError, OSError, RuntimeError) as exc:
         parser.exit(2, f"prefixkv {args.command}: error: {exc}\n")
 
 

@@ -217,13 +217,15 @@ class BlockPool:
         self._cached.clear()
         self._duplicates.clear()
         self._duplicate_hash.clear()
-        self.block_hash = [None] * self.num_blocks
-        self.parent_hash = [None] * self.num_blocks
-        self.depth = [0] * self.num_blocks
+        # Refill in place: policies may keep references to these lists across a reset.
+        n = self.num_blocks
+        self.block_hash[:] = [None] * n
+        self.parent_hash[:] = [None] * n
+        self.depth[:] = [0] * n
         if self.verify:
-            self.content = [None] * self.num_blocks
+            self.content[:] = [None] * n
         self.policy.clear()
-        self._free = list(range(self.num_blocks - 1, -1, -1))
+        self._free[:] = range(n - 1, -1, -1)
         if self.events is not None:
             self.events.append(AllBlocksCleared())
 

@@ -180,7 +180,9 @@ def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequenc
         hit_tokens = mgr.admit(i, prompt, compute_last_token=False)
         if request.output_length:
             if request.tokens is not None:
-                mgr.append(i, [0] * request.output_length)
+                # Generated tokens are cached too: the next turn of a chat can hit them.
+                output = getattr(request, "output_tokens", None) or [0] * request.output_length
+                mgr.append(i, output)
             else:
                 mgr.append_slots(i, request.output_length)
         service = request.input_length / prefill_rate + request.output_length / decode_rate

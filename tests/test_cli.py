@@ -61,3 +61,67 @@ def test_console_script_runs():
     out = subprocess.run([sys.executable, "-m", "prefixkv.cli", "plan", "--json"], capture_output=True,
                          text=True, check=True).stdout
     assert json.loads(out)["max_requests"] == 47
+
+
+SHARED = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+
+def test_replay_builtin_workload_json(capsys):
+    code, out = run(capsys, "replay", "--capacity", "500", "--json")
+    d = json.loads(out)
+    assert code == 0
+    for key in ("requests", "block_accesses", "block_hit_rate", "token_hit_rate", "evictions"):
+        assert key in d
+    assert d["requests"] == 300 and 0 < d["block_hit_rate"] < 1
+
+
+def test_replay_concurrent_text(capsys):
+    code, out = run(capsys, "replay", "--capacity", "300", "--mode", "concurrent", "--policy", "fifo")
+    assert code == 0 and "block_hit_rate" in out and "waited_admissions" in out
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/traces is not beside the repository")
+def test_replay_mooncake_file(capsys):
+    code, out = run(capsys, "replay", "--trace", str(SHARED / "synthetic_trace.jsonl"), "--capacity", "2000", "--json")
+    d = json.loads(out)
+    assert (d["requests"], d["block_accesses"], d["block_size"]) == (3993, 121877, 512)
+
+
+def test_replay_names_a_bad_trace_line(capsys, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n{"timestamp": 1}\n')
+    with pytest.raises(SystemExit) as exc:
+        main(["replay", "--trace", str(bad), "--capacity", "10"])
+    assert exc.value.code == 2
+    assert "bad.jsonl:2" in capsys.readouterr().err
+
+
+def test_compare_table_json_and_plot(capsys, tmp_path):
+    png = tmp_path / "curve.png"
+    code, out = run(capsys, "compare", "--policies", "lru,fifo,belady", "--capacities", "100,400",
+                    "--workers", "2", "--json", "--plot", str(png))
+    d = json.loads(out)
+    assert code == 0 and png.stat().st_size > 1000
+    rates = {(r["policy"], r["capacity"]): r["block_hit_rate"] for r in d["results"]}
+    assert len(rates) == 6
+    for c in (100, 400):
+        assert rates[("belady", c)] >= rates[("lru", c)] and rates[("belady", c)] >= rates[("fifo", c)]
+    assert {row["capacity"] for row in d["summary"]} == {100, 400}
+
+
+def test_compare_text_table(capsys):
+    code, out = run(capsys, "compare", "--policies", "lru,fifo", "--capacities", "200", "--workers", "1")
+    assert code == 0 and "lru" in out and "fifo" in out and "200" in out
+
+
+def test_compare_unknown_policy(capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--policies", "lru,nope"])
+    assert "unknown policy nope" in capsys.readouterr().err
+
+
+def test_workload_command_is_deterministic(capsys, tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    run(capsys, "workload", "--requests", "50", "--seed", "3", "--out", str(a))
+    run(capsys, "workload", "--requests", "50", "--seed", "3", "--out", str(b))
+    assert a.read_bytes() == b.read_bytes()

@@ -1,0 +1,110 @@
+"""Adaptive Replacement Cache (Megiddo & Modha, FAST 2003), on the evictable set.
+
+Cached blocks are in T1 (seen once: published, never hit) or T2 (hit at least
+once). Evicted blocks leave their hash in a ghost list: B1 for T1 victims, B2
+for T2 victims. The target size ``p`` of T1 adapts: a hash that comes back
+from B1 says T1 was too small (``p`` grows by ``max(|B2|/|B1|, 1)``), one from
+B2 says T2 was too small (``p`` shrinks by ``max(|B1|/|B2|, 1)``); either way
+the block re-enters in T2. A victim is the least recently released candidate
+of T1 if T1 holds more than ``p`` blocks (or T2 has no candidate), else of T2.
+
+Adaptations to the pool's model: ARC's REPLACE runs when the pool asks for a
+victim (before the missing block is known), so its tie rule on a B2 hit is
+dropped; |T1| and |T2| count blocks in use too, while victims are taken only
+among candidates, each list's candidates kept in release order. Ghost lists
+are trimmed as in ARC: |T1| + |B1| <= c and all four lists <= 2c, with c the
+pool capacity. Every event is O(1).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from .base import PolicyBase
+
+
+class ARCPolicy(PolicyBase):
+    name = "arc"
+
+    def __init__(self) -> None:
+        self.capacity = 1 << 62
+        self.p = 0.0                                        # target size of T1
+        self._list: dict[int, int] = {}                     # cached block -> 1 (T1) | 2 (T2)
+        self._size = [0, 0, 0]                              # [unused, |T1|, |T2|], blocks in use included
+        self._cands = (None, OrderedDict(), OrderedDict())  # per list: candidates, release order
+        self._b1: OrderedDict = OrderedDict()               # ghost hashes, oldest first
+        self._b2: OrderedDict = OrderedDict()
+
+    def bind(self, pool) -> None:
+        super().bind(pool)
+        self.capacity = pool.num_blocks
+
+    def on_cached(self, block: int) -> None:
+        block_hash = self.pool.block_hash[block]
+        b1, b2 = self._b1, self._b2
+        if block_hash in b1:
+            self.p = min(float(self.capacity), self.p + max(len(b2) / len(b1), 1.0))
+            del b1[block_hash]
+            which = 2
+        elif block_hash in b2:
+            self.p = max(0.0, self.p - max(len(b1) / len(b2), 1.0))
+            del b2[block_hash]
+            which = 2
+        else:
+            which = 1
+        self._list[block] = which
+        self._size[which] += 1
+        self._trim()
+
+    def on_hit(self, block: int, was_evictable: bool) -> None:
+        which = self._list[block]
+        if was_evictable:
+            del self._cands[which][block]
+        if which == 1:
+            self._list[block] = 2
+            self._size[1] -= 1
+            self._size[2] += 1
+
+    def on_released(self, block: int) -> None:
+        self._cands[self._list[block]][block] = None
+
+    def evict(self) -> int:
+        _, c1, c2 = self._cands
+        if c1 and (self._size[1] > self.p or not c2):
+            block = c1.popitem(last=False)[0]
+            which, ghost = 1, self._b1
+        else:
+            block = c2.popitem(last=False)[0]
+            which, ghost = 2, self._b2
+        del self._list[block]
+        self._size[which] -= 1
+        ghost[self.pool.block_hash[block]] = None
+        self._trim()
+        return block
+
+    def _trim(self) -> None:
+        b1, b2 = self._b1, self._b2
+        c = self.capacity
+        while b1 and self._size[1] + len(b1) > c:
+            b1.popitem(last=False)
+        while self._size[1] + self._size[2] + len(b1) + len(b2) > 2 * c:
+            (b2 if b2 else b1).popitem(last=False)
+
+    def clear(self) -> None:
+        self.p = 0.0
+        self._list.clear()
+        self._size = [0, 0, 0]
+        self._cands[1].clear()
+        self._cands[2].clear()
+        self._b1.clear()
+        self._b2.clear()
+
+    def __len__(self) -> int:
+        return len(self._cands[1]) + len(self._cands[2])
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._cands[1] or block in self._cands[2]
+
+    def snapshot(self) -> tuple:
+        return (self.p, tuple(self._cands[1]), tuple(self._cands[2]), tuple(sorted(self._list.items())),
+                tuple(self._size), tuple(self._b1), tuple(self._b2))

@@ -1,0 +1,189 @@
+"""A wrapper that pins or prioritises blocks (system prompts) over any policy.
+
+``PriorityPolicy(inner, min_priority=None, clock=None)`` protects a candidate
+when
+
+* its hash is pinned: ``pin(block_hash, until=t)`` or ``pin(block_hash, ttl=d)``
+  (until ``clock() + d``), or ``pin(block_hash)`` for good; ``unpin`` ends it;
+* or ``min_priority`` is set and ``pool.priority[block] >= min_priority`` (the
+  priority of the last sequence that released the block; larger = more
+  important).
+
+A protected candidate is kept aside, never shown to ``inner``; the inner
+policy sees it as still in use. Victims come from ``inner`` while it has any
+candidate; only when it has none is an aside block evicted -- unpinned
+high-priority ones first, lowest priority first, then pinned ones, least
+recently released first -- by releasing it to ``inner`` and letting ``inner``
+evict its only candidate, so the inner policy's per-block state stays right.
+A pin that expires while its block waits moves the block back to ``inner``
+(checked at each eviction, in expiry order). Pinning a block that already
+waits in ``inner`` takes it out with ``on_hit``, so ``inner`` counts a touch.
+Pins are kept across ``clear()``: they name hashes, which a reset does not
+change. Everything is O(log n) per event.
+
+``clock`` is any callable returning the current time (e.g. a replay's
+timestamp); by default it counts policy events.
+"""
+
+from __future__ import annotations
+
+from itertools import count
+from typing import Any, Callable, Hashable
+
+from sortedcontainers import SortedDict
+
+from .base import EvictionPolicy, PolicyBase
+
+INF = float("inf")
+
+
+class PriorityPolicy(PolicyBase):
+    def __init__(self, inner: EvictionPolicy, *, min_priority: int | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.inner = inner
+        self.name = f"priority+{inner.name}"
+        self.min_priority = min_priority
+        self._events = 0
+        self._clock = clock
+        self._ticket = count()
+        self._pins: dict[Hashable, float] = {}        # hash -> pinned until (inf: for good)
+        self._aside_key: dict[int, tuple] = {}        # protected candidate -> key in _aside
+        self._aside: SortedDict = SortedDict()        # (pinned, priority, ticket) -> block
+        self._expiry: SortedDict = SortedDict()       # (until, ticket) -> pinned aside block
+        self._expiry_key: dict[int, tuple[float, int]] = {}  # aside block -> its key in _expiry
+
+    def now(self) -> float:
+        return self._events if self._clock is None else self._clock()
+
+    def bind(self, pool) -> None:
+        super().bind(pool)
+        self.inner.bind(pool)
+
+    # -- caller API ------------------------------------------------------------
+    def pin(self, block_hash: Hashable, *, until: float | None = None, ttl: float | None = None) -> None:
+        """Protect ``block_hash`` until ``until`` (or for ``ttl``; default: for good)."""
+        if until is not None and ttl is not None:
+            raise ValueError("give until or ttl, not both")
+        self._pins[block_hash] = INF if until is None and ttl is None else (
+            until if until is not None else self.now() + ttl)
+        self._reconsider(block_hash)
+
+    def unpin(self, block_hash: Hashable) -> None:
+        if self._pins.pop(block_hash, None) is not None:
+            self._reconsider(block_hash)
+
+    def is_pinned(self, block_hash: Hashable) -> bool:
+        until = self._pins.get(block_hash)
+        return until is not None and until > self.now()
+
+    def _reconsider(self, block_hash: Hashable) -> None:
+        pool = self.pool
+        block = pool.lookup(block_hash) if pool is not None else None
+        if block is None:
+            return
+        if block in self._aside_key:
+            self._take_aside(block)
+            key = self._protection(block)
+            if key is None:
+                self.inner.on_released(block)
+            else:
+                self._put_aside(block, key)
+        elif block in self.inner:
+            key = self._protection(block)
+            if key is not None:
+                self.inner.on_hit(block, True)
+                self._put_aside(block, key)
+
+    # -- bookkeeping -------------------------------------------------------------
+    def _protection(self, block: int) -> tuple[bool, int, float] | None:
+        """(pinned, priority, pinned until) if the block is protected now, else None."""
+        pool = self.pool
+        block_hash = pool.block_hash[block]
+        until = self._pins.get(block_hash)
+        if until is not None and until <= self.now():
+            del self._pins[block_hash]
+            until = None
+        priority = pool.priority[block]
+        if until is None and (self.min_priority is None or priority < self.min_priority):
+            return None
+        return until is not None, priority, until
+
+    def _put_aside(self, block: int, protection: tuple[bool, int, float]) -> None:
+        pinned, priority, until = protection
+        ticket = next(self._ticket)
+        key = (pinned, priority, ticket)
+        self._aside_key[block] = key
+        self._aside[key] = block
+        if pinned and until != INF:
+            self._expiry_key[block] = (until, ticket)
+            self._expiry[(until, ticket)] = block
+
+    def _take_aside(self, block: int) -> None:
+        del self._aside[self._aside_key.pop(block)]
+        expiry_key = self._expiry_key.pop(block, None)
+        if expiry_key is not None:
+            del self._expiry[expiry_key]
+
+    def _expire(self) -> None:
+        expiry = self._expiry
+        now = self.now()
+        while expiry and expiry.peekitem(0)[0][0] <= now:
+            block = expiry.peekitem(0)[1]
+            self._take_aside(block)
+            protection = self._protection(block)
+            if protection is None:
+                self.inner.on_released(block)
+            else:
+                self._put_aside(block, protection)
+
+    # -- events ------------------------------------------------------------------
+    def on_cached(self, block: int) -> None:
+        self._events += 1
+        self.inner.on_cached(block)
+
+    def on_released(self, block: int) -> None:
+        self._events += 1
+        protection = self._protection(block)
+        if protection is None:
+            self.inner.on_released(block)
+        else:
+            self._put_aside(block, protection)
+
+    def on_hit(self, block: int, was_evictable: bool) -> None:
+        self._events += 1
+        if was_evictable and block in self._aside_key:
+            self._take_aside(block)
+            self.inner.on_hit(block, False)
+        else:
+            self.inner.on_hit(block, was_evictable)
+
+    def evict(self) -> int:
+        self._events += 1
+        if self._expiry:
+            self._expire()
+        inner = self.inner
+        if len(inner):
+            return inner.evict()
+        key, block = self._aside.peekitem(0)
+        self._take_aside(block)
+        inner.on_released(block)
+        victim = inner.evict()
+        assert victim == block, f"{inner.name} evicted {victim}, not its only candidate {block}"
+        return victim
+
+    def clear(self) -> None:
+        self.inner.clear()
+        self._aside_key.clear()
+        self._aside.clear()
+        self._expiry.clear()
+        self._expiry_key.clear()
+
+    def __len__(self) -> int:
+        return len(self.inner) + len(self._aside_key)
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._aside_key or block in self.inner
+
+    def snapshot(self) -> Any:
+        return (self.inner.snapshot(), tuple(self._aside.items()), tuple(self._expiry.items()),
+                tuple(sorted(self._pins.items(), key=repr)))
