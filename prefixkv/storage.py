@@ -1,0 +1,282 @@
+"""Where the KV bytes live: paged K and V pools per layer (torch extra).
+
+Layout. Every layer has a K pool and a V pool, each a contiguous tensor
+``[num_blocks, block_size, kv_heads, head_dim]`` (physical block, slot in the
+block, KV head, dimension): the layout the manager's slot numbers index
+(``slot = block * block_size + offset``) and the attention kernels read. The
+pools are views of one backing allocation ``data`` shaped
+``[layers, 2, num_blocks, block_size, kv_heads, head_dim]`` (index 0: K, 1: V),
+so ``k[layer]`` and ``v[layer]`` are separate, contiguous tensors while a block
+copy touches every layer's K and V with a single index operation.
+
+Executing the manager's output:
+
+* ``write(layer, slot_mapping, k, v)``: new KV through a slot mapping
+  (``KVCacheManager.slot_mapping`` / ``decode_step`` / ``append_token``).
+* ``copy_blocks(KVCacheManager.take_copies())``: copy-on-write, before that
+  step's writes.
+* ``allocate_host(n)``, then ``swap_out(KVCacheManager.swap_out(seq))`` and
+  ``swap_in(KVCacheManager.swap_in(seq))``: preemption by swapping.
+
+Stream ordering on CUDA: every operation here is a torch operation issued on
+the *current* CUDA stream, so a ``copy_blocks`` (or ``swap_in``) followed by
+``write`` calls and attention on the same stream runs in that order on the
+device, with no host synchronisation. Callers that write or read on another
+stream must order it themselves (an event, or ``torch.cuda.current_stream().wait_stream``).
+``swap_out`` returns once the host copy is complete (host memory is safe to read
+and the device blocks safe to reuse).
+
+Only ``import prefixkv.storage`` needs torch; ``import prefixkv`` does not.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from .sizing import KVSpec, parse_size
+
+__all__ = ["KVStore", "TORCH_DTYPES", "torch_dtype"]
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+_SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"bfloat16"`` / ``"bf16"`` / ``torch.bfloat16`` -> ``torch.bfloat16``; refuses the rest."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _SUPPORTED:
+            raise ValueError(f"KV storage supports float32, float16 and bfloat16, not {dtype}")
+        return dtype
+    try:
+        return TORCH_DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"KV storage supports float32, float16 and bfloat16 "
+                         f"({', '.join(sorted(TORCH_DTYPES))}), not {dtype!r}") from None
+
+
+def _resolve_copies(copies: Iterable[tuple[int, int]], *, chained: bool) -> tuple[list[int], list[int]]:
+    """(src, dst) pairs, run in order, as one gather + one scatter with the same result.
+
+    A later pair may read a block an earlier pair wrote (COW of a block that
+    was itself just copied, e.g. fork -> append -> fork -> append in one step)
+    or overwrite an earlier destination; a gather of all sources followed by a
+    scatter would get both wrong. ``chained`` (source and destination in the
+    same pool) follows each source back to the block whose *current* content
+    it will hold; in every case the last write to a destination wins.
+    """
+    origin: dict[int, int] = {}
+    for src, dst in copies:
+        src, dst = int(src), int(dst)
+        origin[dst] = origin.get(src, src) if chained else src
+    pairs = [(s, d) for d, s in origin.items() if not (chained and s == d)]
+    return [s for s, _ in pairs], [d for _, d in pairs]
+
+
+class KVStore:
+    """Per-layer K and V block pools on one torch device.
+
+    >>> from prefixkv import KVSpec
+    >>> store = KVStore(KVSpec(layers=2, kv_heads=2, head_dim=8, dtype="float32"), num_blocks=4, block_size=16)
+    >>> store.k[0].shape
+    torch.Size([4, 16, 2, 8])
+    """
+
+    def __init__(self, spec: KVSpec, num_blocks: int, block_size: int, device: str | torch.device = "cpu",
+                 *, dtype: str | torch.dtype | None = None) -> None:
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.spec = spec
+        self.num_blocks = int(num_blocks)
+        self.block_size = int(block_size)
+        self.num_layers = spec.layers
+        self.kv_heads = spec.kv_heads_per_gpu
+        self.head_dim = spec.head_dim
+        self.dtype = torch_dtype(spec.dtype if dtype is None else dtype)
+        self.device = torch.device(device)
+        self.data = torch.zeros((self.num_layers, 2, self.num_blocks, self.block_size, self.kv_heads,
+                                 self.head_dim), dtype=self.dtype, device=self.device)
+        self.k: list[torch.Tensor] = [self.data[layer, 0] for layer in range(self.num_layers)]
+        self.v: list[torch.Tensor] = [self.data[layer, 1] for layer in range(self.num_layers)]
+        self.host: torch.Tensor | None = None
+
+    @classmethod
+    def from_budget(cls, spec: KVSpec, block_size: int, pool_bytes: int | str,
+                    device: str | torch.device = "cpu") -> "KVStore":
+        """As many blocks as ``pool_bytes`` holds: ``spec.num_blocks(pool_bytes, block_size)``,
+        the number ``prefixkv plan`` prints for the same spec, block size and pool."""
+        pool_bytes = parse_size(pool_bytes)
+        torch_dtype(spec.dtype)  # refuse fp8/int8 before sizing with their byte width
+        num_blocks = spec.num_blocks(pool_bytes, block_size)
+        if num_blocks <= 0:
+            raise ValueError(f"{pool_bytes} bytes hold no block of {spec.bytes_per_block(block_size)} bytes")
+        return cls(spec, num_blocks, block_size, device)
+
+    # -- sizes ---------------------------------------------------------------
+    @property
+    def bytes(self) -> int:
+        """Device bytes of all K and V pools (``num_blocks * spec.bytes_per_block(block_size)``)."""
+        return self.data.numel() * self.data.element_size()
+
+    @property
+    def host_bytes(self) -> int:
+        return 0 if self.host is None else self.host.numel() * self.host.element_size()
+
+    @property
+    def num_host_blocks(self) -> int:
+        return 0 if self.host is None else self.host.shape[2]
+
+    def __repr__(self) -> str:
+        return (f"KVStore(layers={self.num_layers}, num_blocks={self.num_blocks}, block_size={self.block_size}, "
+                f"kv_heads={self.kv_heads}, head_dim={self.head_dim}, dtype={self.dtype}, device={self.device}, "
+                f"host_blocks={self.num_host_blocks})")
+
+    # -- helpers -------------------------------------------------------------
+    def _index(self, values, what: str, limit: int, device: torch.device, *, stop: int | None = None) -> torch.Tensor:
+        """int64 index tensor on ``device``; range-checked when it is on the CPU (no device sync)."""
+        if isinstance(values, torch.Tensor):
+            if values.dtype.is_floating_point or values.dtype == torch.bool:
+                raise ValueError(f"{what} must hold integers, got {values.dtype}")
+            index = values.to(device=device, dtype=torch.int64).reshape(-1)
+        else:
+            array = np.asarray(values)
+            if array.size and not np.issubdtype(array.dtype, np.integer):
+                raise ValueError(f"{what} must hold integers, got {array.dtype}")
+            index = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64).reshape(-1)).to(device)
+        if stop is not None:
+            if stop > index.numel():
+                raise ValueError(f"{what} has {index.numel()} entries but {stop} are needed")
+            index = index[:stop]
+        if index.device.type == "cpu" and index.numel():
+            low, high = int(index.min()), int(index.max())
+            if low < 0 or high >= limit:
+                raise ValueError(f"{what} out of range: values span [{low}, {high}], valid is [0, {limit})")
+        return index
+
+    def _layer(self, layer: int) -> int:
+        if not -self.num_layers <= layer < self.num_layers:
+            raise IndexError(f"layer {layer} out of range for {self.num_layers} layer(s)")
+        return layer % self.num_layers
+
+    # -- writes --------------------------------------------------------------
+    def write(self, layer: int, slot_mapping, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store ``k``, ``v`` (``[num_tokens, kv_heads, head_dim]``, the pool's dtype) at the
+        physical slots ``slot_mapping`` (``block * block_size + offset``, one per token).
+
+        One ``index_copy_`` per pool on the flattened ``[num_blocks * block_size, H, d]``
+        view; no Python loop over tokens. Slots must be distinct within one call.
+        """
+        layer = self._layer(layer)
+        shape = (self.kv_heads, self.head_dim)
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch tensor, got {type(t).__name__}")
+            if t.dim() != 3 or tuple(t.shape[1:]) != shape:
+                raise ValueError(f"{name} must be [num_tokens, {shape[0]}, {shape[1]}], got {tuple(t.shape)}")
+            if t.dtype != self.dtype:
+                raise ValueError(f"{name} is {t.dtype} but the pools hold {self.dtype}")
+            if t.device != self.device:
+                raise ValueError(f"{name} is on {t.device} but the pools are on {self.device}")
+        if k.shape[0] != v.shape[0]:
+            raise ValueError(f"k has {k.shape[0]} tokens but v has {v.shape[0]}")
+        slots = self._index(slot_mapping, "slot_mapping", self.num_blocks * self.block_size, self.device)
+        if slots.numel() != k.shape[0]:
+            raise ValueError(f"slot_mapping has {slots.numel()} slots for {k.shape[0]} tokens")
+        if not slots.numel():
+            return
+        self.k[layer].view(-1, *shape).index_copy_(0, slots, k)
+        self.v[layer].view(-1, *shape).index_copy_(0, slots, v)
+
+    def copy_blocks(self, copies: Iterable[tuple[int, int]]) -> int:
+        """Run copy-on-write copies, ``(src, dst)`` pairs as ``KVCacheManager.take_copies()``
+        returns them (oldest first), in every layer's K and V pool; returns the copies run.
+
+        Vectorised: one gather and one scatter over the backing tensor, for all
+        layers and both pools. Pairs are resolved as if run one after another
+        (see ``_resolve_copies``). On CUDA the copy is queued on the current
+        stream, so run it before that step's ``write`` calls on the same stream
+        (the manager's contract) and they see the copied blocks.
+        """
+        src, dst = _resolve_copies(copies, chained=True)
+        if not dst:
+            return 0
+        src_index = self._index(src, "copy source block", self.num_blocks, self.device)
+        dst_index = self._index(dst, "copy destination block", self.num_blocks, self.device)
+        self.data.index_copy_(2, dst_index, self.data.index_select(2, src_index))
+        return len(dst)
+
+    # -- host swap space -----------------------------------------------------
+    def allocate_host(self, num_host_blocks: int) -> None:
+        """Host memory for ``num_host_blocks`` blocks of every layer's K and V (pinned when the
+        pools are on CUDA); pass the same number as ``KVCacheManager(num_host_blocks=...)``."""
+        if num_host_blocks < 0:
+            raise ValueError(f"num_host_blocks must be >= 0, got {num_host_blocks}")
+        shape = (self.num_layers, 2, num_host_blocks, self.block_size, self.kv_heads, self.head_dim)
+        self.host = torch.zeros(shape, dtype=self.dtype, device="cpu", pin_memory=self.device.type == "cuda")
+
+    def _need_host(self) -> torch.Tensor:
+        if self.host is None:
+            raise RuntimeError("no host swap space: call allocate_host(num_host_blocks) first")
+        return self.host
+
+    def swap_out(self, copies: Sequence[tuple[int, int]]) -> int:
+        """Device -> host for ``(device_block, host_block)`` pairs (``KVCacheManager.swap_out``),
+        all layers, K and V. Returns when the host copy is done; returns the blocks copied."""
+        host = self._need_host()
+        src, dst = _resolve_copies(copies, chained=False)
+        if not dst:
+            return 0
+        src_index = self._index(src, "swap-out device block", self.num_blocks, self.device)
+        dst_index = self._index(dst, "swap-out host block", host.shape[2], torch.device("cpu"))
+        staged = self.data.index_select(2, src_index)
+        if staged.device.type != "cpu":
+            pinned = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=True)
+            pinned.copy_(staged)   # synchronous: the host buffer is complete when this returns
+            staged = pinned
+        host.index_copy_(2, dst_index, staged)
+        return len(dst)
+
+    def swap_in(self, copies: Sequence[tuple[int, int]]) -> int:
+        """Host -> device for ``(host_block, device_block)`` pairs (``KVCacheManager.swap_in``),
+        all layers, K and V; on CUDA queued on the current stream (run it before the
+        sequence's next step on that stream). Returns the blocks copied."""
+        host = self._need_host()
+        src, dst = _resolve_copies(copies, chained=False)
+        if not dst:
+            return 0
+        src_index = self._index(src, "swap-in host block", host.shape[2], torch.device("cpu"))
+        dst_index = self._index(dst, "swap-in device block", self.num_blocks, self.device)
+        if self.device.type == "cpu":
+            staged = host.index_select(2, src_index)
+        else:
+            shape = list(host.shape)
+            shape[2] = len(src)
+            pinned = torch.empty(shape, dtype=host.dtype, pin_memory=True)
+            torch.index_select(host, 2, src_index, out=pinned)
+            # non_blocking from pinned memory: the caching allocator keeps ``pinned``
+            # alive until the copy that reads it has run on the stream.
+            staged = pinned.to(self.device, non_blocking=True)
+        self.data.index_copy_(2, dst_index, staged)
+        return len(dst)
+
+    # -- reads ---------------------------------------------------------------
+    def gather(self, layer: int, block_table, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The contiguous ``[length, kv_heads, head_dim]`` K and V of one sequence (tests, debugging)."""
+        layer = self._layer(layer)
+        if length < 0:
+            raise ValueError(f"length must be >= 0, got {length}")
+        needed = -(-length // self.block_size)
+        table = self._index(block_table, f"block_table (for length {length})", self.num_blocks, self.device,
+                            stop=needed)
+        shape = (-1, self.kv_heads, self.head_dim)
+        k = self.k[layer].index_select(0, table).reshape(shape)[:length].contiguous()
+        v = self.v[layer].index_select(0, table).reshape(shape)[:length].contiguous()
+        return k, v
