@@ -584,11 +584,8 @@ def _run_cuda(query, k_pool, v_pool, block_tables, seq_lens, scale, query_start_
     starts = None if query_start_loc is None else \
         _as_int_tensor(query_start_loc, "query_start_loc", device).to(torch.int32).contiguous()
     _, _, scale = _check_shapes(query, k_pool, v_pool, tables, lens, scale, starts, out)
-    result = kernel(query, k_pool, v_pool, tables, lens, scale, query_start_loc=starts, return_lse=return_lse)
     if out is None:
-        return result
-    if return_lse:
-        out.copy_(result[0])
-        return out, result[1]
-    out.copy_(result)
-    return out
+        return kernel(query, k_pool, v_pool, tables, lens, scale, query_start_loc=starts, return_lse=return_lse)
+    from prefixkv.cuda_kernels import launch_paged_attention  # writes straight into ``out``
+
+    return launch_paged_attention(query, k_pool, v_pool, tables, lens, scale, starts, return_lse, out=out)
