@@ -129,7 +129,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .compare import auto_capacities, gap_summary, plot, sweep
     from .policies import available_policies
 
-    policies = args.policies or available_policies()
+    # LRU first (the baseline), MIN last (the bound), the rest by name.
+    policies = args.policies or sorted(available_policies(),
+                                       key=lambda p: (p != "lru", p == "belady", p))
     unknown = [p for p in policies if p not in available_policies()]
     if unknown:
         raise ValueError(f"unknown polic{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
