@@ -11,6 +11,9 @@ KV is written. The caller must write the KV of every allocated token in the
 same step, before any other sequence's attention reads it (a packed forward
 that writes each layer's KV before that layer's attention satisfies this).
 Copies returned by ``take_copies`` must run before the writes of that step.
+Fork a sequence after its step's KV writes: a copy-on-write made later copies
+the block as it is in memory, so a token appended but not yet written would be
+missing from the copy.
 """
 
 from __future__ import annotations
