@@ -114,7 +114,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"{source.label}: {len(trace):,} requests, blocks of {trace.block_size} tokens, "
           f"policy {args.policy}, capacity {args.capacity:,} blocks, {args.mode} mode")
     for key in ("requests", "block_accesses", "block_hits", "block_hit_rate", "token_hit_rate", "evictions",
-                "oversized_requests", "waited_admissions", "mean_wait_s"):
+                "block_insertions", "blocks_never_reused", "oversized_requests", "waited_admissions",
+                "mean_wait_s"):
         if key in result:
             value = result[key]
             print(f"  {key:>20}  {value:.4f}" if isinstance(value, float) else f"  {key:>20}  {value:,}")

@@ -41,6 +41,8 @@ class ReplayResult:
     hit_tokens: int = 0
     evictions: int = 0
     oversized_requests: int = 0        # more blocks than the whole cache: counted as all misses
+    block_insertions: int = 0          # blocks that entered the cache (misses that were cached)
+    blocks_never_reused: int = 0       # of those, evicted (or left at the end) without a single hit
     waited_admissions: int = 0         # concurrent mode: admissions that had to wait
     total_wait_s: float = 0.0
     warmup_requests: int = 0
@@ -118,6 +120,33 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
     return result
 
 
+class _ReuseTracker:
+    """Counts cache insertions that were never hit before the hash was inserted again or the
+    replay ended. A miss on a hash that was inserted before means that residency ended (the block
+    was evicted, or orphaned by its parent's eviction) without helping anyone."""
+
+    __slots__ = ("unused", "insertions", "never_reused")
+
+    def __init__(self) -> None:
+        self.unused: dict = {}        # hash -> True while its current insertion has not been hit
+        self.insertions = 0
+        self.never_reused = 0
+
+    def access(self, hashes: Sequence, hit_blocks: int) -> None:
+        unused = self.unused
+        for h in hashes[:hit_blocks]:
+            unused[h] = False
+        for h in hashes[hit_blocks:]:
+            if unused.get(h):
+                self.never_reused += 1
+            unused[h] = True
+        self.insertions += len(hashes) - hit_blocks
+
+    def finish(self, result: "ReplayResult") -> None:
+        result.block_insertions = self.insertions
+        result.blocks_never_reused = self.never_reused + sum(self.unused.values())
+
+
 def _tell_oracle(oracle, prompt, uses: list[float]) -> None:
     for h, when in zip(prompt.block_hashes(), uses):
         oracle(h, when)
@@ -127,6 +156,7 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
                   next_uses, oracle) -> None:
     size = mgr.block_size
     warm = result.warmup_requests
+    reuse = _ReuseTracker()
     for i, request in enumerate(requests):
         prompt, accesses, last_tokens = prompts[i]
         if oracle is not None:
@@ -139,6 +169,7 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
                 result.oversized_requests += 1
         else:
             mgr.free(i)
+            reuse.access(prompt.block_hashes(), hit_tokens // size)
         if i < warm:
             continue
         hit_blocks = hit_tokens // size
@@ -150,6 +181,7 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
             result.hit_tokens += (accesses - 1) * size + last_tokens
         else:
             result.hit_tokens += min(hit_blocks * size, request.input_length)
+    reuse.finish(result)
 
 
 def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, result: ReplayResult,
@@ -160,6 +192,7 @@ def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequenc
     waiting: list[int] = []                 # FIFO of request indices that did not fit
     head = 0
     clock = 0.0
+    reuse = _ReuseTracker()
     arrivals = iter(range(len(requests)))
     pending = next(arrivals, None)
 
@@ -178,6 +211,7 @@ def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequenc
         if m.blocks_needed + out_blocks > mgr.num_free_blocks:
             return False
         hit_tokens = mgr.admit(i, prompt, compute_last_token=False)
+        reuse.access(prompt.block_hashes(), hit_tokens // size)
         if request.output_length:
             if request.tokens is not None:
                 # Generated tokens are cached too: the next turn of a chat can hit them.
@@ -217,4 +251,5 @@ def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequenc
             head += 1
         if not running and head < len(waiting) and pending is None:
             raise RuntimeError("concurrent replay cannot make progress (a request never fits)")
+    reuse.finish(result)
     result.extra["mean_wait_s"] = result.total_wait_s / result.waited_admissions if result.waited_admissions else 0.0

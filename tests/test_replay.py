@@ -112,3 +112,14 @@ def test_bad_arguments():
         replay(trace, "lru", 4, warmup=1.0)
     with pytest.raises(ValueError, match="capacity"):
         replay(trace, "lru", 0)
+
+
+def test_blocks_never_reused():
+    # capacity 2: A=[1,2] cached; B=[3,4] evicts both unused; A again misses (re-inserted); A hits.
+    reqs = [Req(0, 8, 1, chained([1, 2])), Req(1, 8, 1, chained([3, 4])),
+            Req(2, 8, 1, chained([1, 2])), Req(3, 8, 1, chained([1, 2]))]
+    result = replay(Trace(reqs, 4), "lru", 2)
+    assert result.block_insertions == 6
+    # A's first residency and B's (left at the end) were never hit; A's second one was.
+    assert result.blocks_never_reused == 4
+    assert result.block_hits == 2
