@@ -91,3 +91,23 @@ def test_fifo_differs_from_lru_when_a_block_is_reused():
     script = [("cache", 1), ("cache", 2), ("release", 1), ("release", 2), ("hit", 1), ("release", 1), ("evict", 0)]
     assert replay(LRUPolicy(), script) == [2]
     assert replay(FIFOPolicy(), script) == [1]
+
+
+def test_third_party_policy_through_an_entry_point(tmp_path, monkeypatch):
+    (tmp_path / "mru_plugin.py").write_text(
+        "from prefixkv.policies import LRUPolicy\n"
+        "class MRU(LRUPolicy):\n"
+        "    name = 'mru'\n"
+        "    def evict(self):\n"
+        "        return self._order.popitem(last=True)[0]\n")
+    dist = tmp_path / "mru_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: mru-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[prefixkv.policies]\nmru = mru_plugin:MRU\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = PolicyRegistry({"lru": LRUPolicy})
+    assert registry.names() == ["lru", "mru"]
+    policy = registry.make("mru")
+    for block in (1, 2, 3):
+        policy.on_released(block)
+    assert policy.evict() == 3
