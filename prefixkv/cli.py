@@ -274,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", type=_positive_int, default=None)
     p.add_argument("--out", required=True, help="output JSONL path")
     p.set_defaults(func=cmd_workload)
+
+    from .engine.demo import add_generate_command
+    add_generate_command(sub)
     return parser
 
 

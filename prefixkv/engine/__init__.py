@@ -1,0 +1,38 @@
+"""A packed generation engine over prefixkv's manager, KV store and paged attention.
+
+Torch-free parts (scheduler, plan, cost model, metrics) import eagerly; the
+model, executor and engine factory need the ``torch`` extra and import on
+first use. See ``plan.py`` for the scheduler/executor seam.
+"""
+
+from __future__ import annotations
+
+from .capacity import Round, RoundCapacity, round_capacity
+from .cost import PreemptionChoice, PreemptionCostModel
+from .engine import Engine, StepResult
+from .metrics import RequestMetrics, RunMetrics, SimulatedClock, WallClock, percentile, summarize
+from .plan import BlockOp, Executor, PackedBatch, ScheduledRequest, StepOutput, StepPlan
+from .request import GREEDY, Request, RequestStatus, SamplingParams
+from .scheduler import Scheduler, SchedulerConfig
+
+_LAZY = {
+    "TinyLlama": "model", "TinyLlamaConfig": "model", "DenseCausalAttention": "model",
+    "PagedAttentionBackend": "model", "ModelExecutor": "executor", "sample": "sampling",
+}
+
+__all__ = [
+    "Engine", "StepResult", "Scheduler", "SchedulerConfig", "Round", "RoundCapacity", "round_capacity",
+    "PreemptionCostModel", "PreemptionChoice", "StepPlan", "ScheduledRequest", "BlockOp", "PackedBatch",
+    "StepOutput", "Executor", "Request", "RequestStatus", "SamplingParams", "GREEDY", "RequestMetrics",
+    "RunMetrics", "SimulatedClock", "WallClock", "percentile", "summarize", *_LAZY,
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

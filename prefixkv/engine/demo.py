@@ -1,0 +1,192 @@
+"""``prefixkv generate``: a tiny random-weight Llama through the engine, prefix cache on and off.
+
+The prompts share a system prompt (UTF-8 bytes are the token ids of the
+byte-level vocabulary), so with the prefix cache on every request after the
+first skips its prefill. Both runs use the same model, pool, budget and
+prompts; their outputs must be identical (they are printed as a check, not as
+text: the weights are random).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+SYSTEM_PROMPT = (
+    "You are the on-call assistant for a paged KV-cache library. Answer in one short paragraph, "
+    "name the exact function or command to use, never invent an option, and say so when a "
+    "question is outside the library.\n\n"
+)
+
+QUESTIONS = [
+    "User: How many blocks does a 4,097-token request take at block size 16?",
+    "User: Why did my request wait even though the pool is only 70% used?",
+    "User: What happens to cached blocks when a request is cancelled?",
+    "User: Should I swap or recompute a preempted 4,000-token request?",
+    "User: How do I share a system prompt between tenants safely?",
+    "User: What does copy-on-write do when two sequences share a tail block?",
+    "User: Which eviction policy should I start with?",
+    "User: How do I check that no block leaks after a run?",
+    "User: What is tail waste and how do I measure it?",
+    "User: Can two requests read the same physical block at once?",
+    "User: Why must the capacity check happen before publishing block tables?",
+    "User: How does the prefix cache hash a block?",
+]
+
+
+def demo_prompts(n: int) -> list[list[int]]:
+    """``n`` prompts: the shared system prompt plus one question each (cycling), as byte ids."""
+    return [list((SYSTEM_PROMPT + QUESTIONS[i % len(QUESTIONS)] + f" (#{i})\nAssistant:").encode())
+            for i in range(n)]
+
+
+def _run(model, prompts, args, caching: bool):
+    from .engine import Engine
+    from .metrics import WallClock
+    from .request import SamplingParams
+    from .scheduler import SchedulerConfig
+
+    engine = Engine.from_model(
+        model, num_blocks=args.num_blocks, block_size=args.block_size, enable_caching=caching,
+        config=SchedulerConfig(max_num_batched_tokens=args.budget, max_num_seqs=args.max_seqs),
+        clock=WallClock())
+    sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
+    start = time.perf_counter()
+    outputs = engine.generate(prompts, max_new_tokens=args.max_new_tokens, sampling=sampling)
+    wall = time.perf_counter() - start
+    engine.manager.check_invariants()
+    summary = engine.summary(wall_s=wall)
+    summary["prefill_tokens_saved"] = summary["prefix_hit_tokens"]
+    return outputs, summary
+
+
+def run_demo(args) -> dict:
+    import torch
+
+    from .model import TinyLlama, TinyLlamaConfig
+
+    torch.set_num_threads(args.threads)
+    config = TinyLlamaConfig(hidden_size=args.hidden_size, intermediate_size=2 * args.hidden_size,
+                             num_layers=args.layers, num_heads=args.heads, num_kv_heads=args.kv_heads,
+                             head_dim=args.hidden_size // args.heads, seed=args.seed)
+    model = TinyLlama(config)
+    prompts = demo_prompts(args.requests)
+    _run(model, prompts[:2], argparse.Namespace(**{**vars(args), "max_new_tokens": 2}), True)   # warm-up
+    runs: dict = {}
+    for _ in range(args.repeat):            # alternate, so load changes hit both settings alike
+        for caching in (True, False):
+            outputs, summary = _run(model, prompts, args, caching)
+            if caching not in runs or summary["seconds"] < runs[caching][1]["seconds"]:
+                runs[caching] = (outputs, summary)
+    (out_on, on), (out_off, off) = runs[True], runs[False]
+    shared = len(SYSTEM_PROMPT.encode())
+    return {
+        "model": {"layers": config.num_layers, "hidden_size": config.hidden_size, "heads": config.num_heads,
+                  "kv_heads": config.num_kv_heads, "vocab_size": config.vocab_size, "seed": config.seed,
+                  "weights": "random"},
+        "requests": len(prompts), "system_prompt_tokens": shared,
+        "prompt_tokens": [len(p) for p in prompts], "max_new_tokens": args.max_new_tokens,
+        "block_size": args.block_size, "num_blocks": args.num_blocks, "budget": args.budget,
+        "max_seqs": args.max_seqs, "temperature": args.temperature,
+        "cache_on": on, "cache_off": off,
+        "outputs_identical": out_on == out_off,
+        "speedup": off["seconds"] / on["seconds"] if on["seconds"] else None,
+    }
+
+
+def _fmt(value, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "pct":
+        return f"{100 * value:.1f}%"
+    if kind == "ms":
+        return f"{1e3 * value:.2f}"
+    if kind == "s":
+        return f"{value:.3f}"
+    if kind == "rate":
+        return f"{value:,.0f}"
+    return f"{value:,}"
+
+
+def print_report(result: dict) -> None:
+    m = result["model"]
+    lengths = result["prompt_tokens"]
+    print(f"prefixkv generate: {result['requests']} prompts of {min(lengths)}-{max(lengths)} tokens sharing a "
+          f"{result['system_prompt_tokens']}-token system prompt, {result['max_new_tokens']} new tokens each")
+    print(f"model: tiny Llama, {m['layers']} layers, hidden {m['hidden_size']}, {m['heads']} heads / "
+          f"{m['kv_heads']} KV heads, random weights (seed {m['seed']}); block {result['block_size']}, "
+          f"{result['num_blocks']} blocks, budget {result['budget']} tokens/step, {result['max_seqs']} seqs")
+    rows = [
+        ("prompt tokens", "prompt_tokens", "int"),
+        ("prefill tokens computed", "prefill_tokens_computed", "int"),
+        ("prefill tokens saved", "prefill_tokens_saved", "int"),
+        ("prefix hit rate", "prefix_hit_rate", "pct"),
+        ("output tokens", "output_tokens", "int"),
+        ("steps", "steps", "int"),
+        ("preemptions", "preemptions", "int"),
+        ("wall time (s)", "seconds", "s"),
+        ("tokens/s (prompt + output)", "tokens_per_s", "rate"),
+        ("output tokens/s", "output_tokens_per_s", "rate"),
+        ("TTFT p50 (ms)", "ttft_p50_s", "ms"),
+        ("ITL p50 (ms)", "itl_p50_s", "ms"),
+    ]
+    width = max(len(label) for label, _, _ in rows)
+    print(f"{'':<{width}}  {'cache on':>12}  {'cache off':>12}")
+    for label, key, kind in rows:
+        print(f"{label:<{width}}  {_fmt(result['cache_on'][key], kind):>12}  "
+              f"{_fmt(result['cache_off'][key], kind):>12}")
+    print(f"outputs identical: {'yes' if result['outputs_identical'] else 'NO'}")
+    if result["speedup"]:
+        print(f"end-to-end speed-up with the prefix cache: {result['speedup']:.2f}x")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def cmd_generate(args) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise RuntimeError("prefixkv generate needs torch (pip install 'prefixkv[torch]')") from None
+    if args.hidden_size % args.heads or args.heads % args.kv_heads:
+        raise ValueError("--hidden-size must be a multiple of --heads, and --heads of --kv-heads")
+    result = run_demo(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print_report(result)
+    return 0 if result["outputs_identical"] else 1
+
+
+def add_generate_command(subparsers) -> argparse.ArgumentParser:
+    """Register ``prefixkv generate`` on an ``add_subparsers()`` object; returns its parser."""
+    p = subparsers.add_parser(
+        "generate", help="run a tiny random-weight Llama through the packed engine, prefix cache on vs off",
+        description="Generate with a tiny random-weight Llama-style model (no download) through prefixkv's "
+                    "packed engine, on built-in prompts that share a system prompt; print prefill tokens "
+                    "saved by the prefix cache, hit rate and tokens/s, with the same run without the cache "
+                    "beside it.")
+    p.add_argument("--requests", type=_positive, default=8, help="number of prompts (default 8)")
+    p.add_argument("--max-new-tokens", type=_positive, default=32)
+    p.add_argument("--block-size", type=_positive, default=16)
+    p.add_argument("--num-blocks", type=_positive, default=512, help="KV pool size in blocks")
+    p.add_argument("--budget", type=_positive, default=256, help="token budget per step")
+    p.add_argument("--max-seqs", type=_positive, default=16, help="concurrency limit")
+    p.add_argument("--layers", type=_positive, default=4)
+    p.add_argument("--hidden-size", type=_positive, default=256)
+    p.add_argument("--heads", type=_positive, default=8)
+    p.add_argument("--kv-heads", type=_positive, default=2)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    p.add_argument("--seed", type=int, default=0, help="weights and sampling seed")
+    p.add_argument("--repeat", type=_positive, default=3, help="runs per setting, alternating; the fastest "
+                                                               "is reported (default 3)")
+    p.add_argument("--threads", type=_positive, default=1,
+                   help="torch CPU threads (default 1: the model is tiny, more threads mostly add waiting)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_generate)
+    return p

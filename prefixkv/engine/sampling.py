@@ -1,0 +1,28 @@
+"""Greedy and seeded temperature sampling (torch).
+
+A temperature sample for output position ``i`` of a request draws from a
+generator seeded with ``(seed, i)``: the same token whatever the batch, the
+chunking or a preemption in between, and the same as a standalone loop that
+calls ``sample`` with the same arguments.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .request import SamplingParams
+
+_MASK = 2**63 - 1
+
+
+def _seed(seed: int, output_index: int) -> int:
+    return (seed * 0x9E3779B97F4A7C15 + (output_index + 1) * 0xBF58476D1CE4E5B9) & _MASK
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, output_index: int) -> int:
+    """The next token from a ``[vocab]`` row of logits: argmax, or a seeded draw at ``params.temperature``."""
+    if params.greedy:
+        return int(torch.argmax(logits))
+    gen = torch.Generator(device="cpu").manual_seed(_seed(params.seed, output_index))
+    probs = torch.softmax(logits.detach().to("cpu", torch.float64) / params.temperature, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=gen))

@@ -1,0 +1,405 @@
+"""The scheduler: who runs this step, with how many tokens, and where their KV lives.
+
+One component for every executor (see ``plan.py`` for the seam). Each step:
+
+1. ``propose(now)`` decides a ``Round`` without changing anything:
+   running requests first, oldest first (a decode takes 1 token, a prompt
+   chunk up to the budget and ``max_prefill_chunk``; a chunk is cut to the
+   blocks that are free). When a running request cannot get even one token's
+   block: with ``when_full="preempt"`` the newest running request not yet
+   scheduled is preempted (possibly this one), by recompute or by swap as the
+   ``PreemptionCostModel`` chooses, until it fits; with ``when_full="wait"``
+   it sits this step out keeping its blocks (and preemption is used only when
+   nothing else could run). Then, if nobody was preempted, waiting requests in
+   arrival order, within the token budget and the concurrency limit
+   (``max_num_seqs`` requests holding blocks): a swapped request is swapped
+   back in; a new or recompute-preempted one is matched against the prefix
+   cache and admitted with ``tokens[:hit + chunk]`` only (later chunks are
+   appended, and the manager publishes blocks as they fill). Blocks an earlier
+   admission of the same round publishes count as hits: requests arriving
+   together with one system prompt compute it once.
+2. ``commit(round)`` checks the whole round's block capacity
+   (``round_capacity``) and raises ``OutOfBlocks`` with nothing changed when
+   it does not fit; otherwise it applies it to the manager and returns the
+   ``StepPlan``. ``schedule(now)`` is both.
+3. ``update(plan, output)`` appends the sampled tokens and releases finished
+   requests; ``fail(plan, exc)`` releases every request the plan touched.
+
+Blocks are released on every path (finish, cancel, error, a failing commit).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass
+from typing import Hashable, Literal
+
+import numpy as np
+
+from ..errors import OutOfBlocks, SequenceTooLong
+from ..manager import KVCacheManager
+from ..prompt import Prompt
+from .capacity import (Round, _cdiv, admission_cost, exclusive_blocks, fit_append, hashed_tokens,
+                       round_capacity, swap_in_cost, swapped_growth)
+from .cost import PreemptionChoice, PreemptionCostModel
+from .plan import BlockOp, ScheduledRequest, StepOutput, StepPlan
+from .request import Request, RequestStatus
+
+_ORDER = lambda r: r.order  # noqa: E731
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 512     # token budget per step (prefill chunks + decodes)
+    max_num_seqs: int = 64                # concurrency limit: requests holding device blocks
+    max_prefill_chunk: int | None = None  # per-request chunk cap (None: the budget)
+    when_full: Literal["preempt", "wait"] = "preempt"
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        if self.max_prefill_chunk is not None and self.max_prefill_chunk < 1:
+            raise ValueError(f"max_prefill_chunk must be >= 1, got {self.max_prefill_chunk}")
+        if self.when_full not in ("preempt", "wait"):
+            raise ValueError(f"when_full must be 'preempt' or 'wait', got {self.when_full!r}")
+
+
+@dataclass(slots=True)
+class _Entry:
+    request: Request
+    start: int
+    stop: int
+    cached: int = 0
+
+
+class Scheduler:
+    def __init__(self, manager: KVCacheManager, config: SchedulerConfig | None = None,
+                 cost_model: PreemptionCostModel | None = None) -> None:
+        self.mgr = manager
+        self.config = config or SchedulerConfig()
+        self.cost_model = cost_model or PreemptionCostModel()
+        self.requests: dict[Hashable, Request] = {}   # live requests (not finished/cancelled/failed)
+        self.running: list[Request] = []               # holding device blocks, oldest first
+        self.waiting: list[Request] = []               # waiting / preempted / swapped, oldest first
+        self.step_count = 0
+        self.preemption_log: list[tuple[int, Hashable, PreemptionChoice]] = []
+        self._order = itertools.count()
+        self._proposed: tuple[Round | None, dict] = (None, {})
+
+    # -- life cycle ------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request {request.request_id!r} is already live")
+        blocks = _cdiv(request.max_tokens, self.mgr.block_size)
+        if blocks > self.mgr.pool.num_blocks:
+            raise SequenceTooLong(blocks, self.mgr.pool.num_blocks,
+                                  f"request {request.request_id!r} of up to {request.max_tokens} tokens")
+        request.order = next(self._order)
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        bisect.insort(self.waiting, request, key=_ORDER)
+
+    def cancel(self, request_id: Hashable) -> bool:
+        """Cancel a live request, whatever its state; False if it is not live."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        self._release(request, RequestStatus.CANCELLED, "cancelled")
+        return True
+
+    def abort_all(self, status: RequestStatus = RequestStatus.CANCELLED) -> list[Request]:
+        live = list(self.requests.values())
+        for request in live:
+            self._release(request, status, "cancelled" if status is RequestStatus.CANCELLED else "error")
+        return live
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def next_arrival(self, now: float) -> float | None:
+        future = [r.arrival_time for r in self.waiting if r.arrival_time > now]
+        return min(future) if future else None
+
+    def _release(self, request: Request, status: RequestStatus, reason: str,
+                 error: BaseException | None = None) -> None:
+        rid = request.request_id
+        try:
+            if rid in self.mgr:
+                self.mgr.free(rid)
+        finally:
+            for queue in (self.running, self.waiting):
+                if request in queue:
+                    queue.remove(request)
+            self.requests.pop(rid, None)
+            request.status = status
+            request.finish_reason = reason
+            request.error = error
+
+    # -- deciding ----------------------------------------------------------------
+    def _choose_preemption(self, victim: Request, host_free: int) -> PreemptionChoice:
+        mgr = self.mgr
+        return self.cost_model.choose(tokens=mgr.num_tokens(victim.request_id),
+                                      blocks=len(mgr.block_ids(victim.request_id)),
+                                      block_size=mgr.block_size, host_blocks_free=host_free)
+
+    def propose(self, now: float = 0.0) -> Round:
+        """This step's round, within the budget, the concurrency limit and the free blocks. Read-only."""
+        mgr, cfg = self.mgr, self.config
+        size = mgr.block_size
+        budget = cfg.max_num_batched_tokens
+        chunk_cap = cfg.max_prefill_chunk or budget
+        free = mgr.num_free_blocks
+        host_free = mgr.num_free_host_blocks
+        grow: list[tuple[Hashable, int]] = []
+        preempt: list[tuple[Hashable, str]] = []
+        choices: dict[Hashable, PreemptionChoice] = {}
+
+        pending = list(self.running)
+        while pending and budget > 0:
+            r = pending.pop(0)
+            rid = r.request_id
+            n = min(r.remaining, budget, chunk_cap)
+            k = fit_append(mgr, rid, n, free)
+            while k == 0:
+                if cfg.when_full == "wait" and grow:
+                    break                      # sits this step out, keeps its blocks
+                victim = pending.pop() if pending else r
+                choice = self._choose_preemption(victim, host_free)
+                choices[victim.request_id] = choice
+                preempt.append((victim.request_id, choice.mode))
+                if choice.mode == "swap":
+                    host_free -= len(mgr.block_ids(victim.request_id))
+                free += exclusive_blocks(mgr, victim.request_id)
+                if victim is r:
+                    break
+                k = fit_append(mgr, rid, n, free)
+            if k:
+                grow.append((rid, k))
+                free -= mgr.blocks_needed_to_append(rid, k)
+                budget -= k
+
+        swap_in: list[tuple[Hashable, int]] = []
+        admit: list[tuple[Hashable, int]] = []
+        seats = cfg.max_num_seqs - len(self.running)
+        published: set = set()      # block hashes this round's admissions will publish
+        if not preempt:
+            for r in self.waiting:
+                if budget <= 0 or seats <= 0:
+                    break
+                if r.arrival_time > now:
+                    continue
+                rid = r.request_id
+                if r.status is RequestStatus.SWAPPED:
+                    base = swap_in_cost(mgr, r)
+                    room = _cdiv(r.num_computed, size) * size - r.num_computed
+                    k = min(r.remaining, budget, chunk_cap, room + max(free - base, 0) * size)
+                    if k < 1 or base > free:
+                        break                  # first come, first served: nobody overtakes
+                    swap_in.append((rid, k))
+                    free -= base + swapped_growth(r.num_computed, k, size)
+                else:
+                    prompt = hashed_tokens(mgr, r)
+                    hit, pinned = admission_cost(mgr, prompt)
+                    hit = self._hit_with(prompt, hit, published)
+                    k = min(len(r.tokens) - hit, budget, chunk_cap, max(free - pinned, 0) * size)
+                    if k < 1:
+                        break
+                    admit.append((rid, k))
+                    free -= pinned + _cdiv(k, size)
+                    if mgr.enable_caching:
+                        published.update(prompt.block_hashes()[:(hit + k) // size])
+                budget -= k
+                seats -= 1
+        rnd = Round(preempt=tuple(preempt), swap_in=tuple(swap_in), grow=tuple(grow), admit=tuple(admit))
+        self._proposed = (rnd, choices)
+        return rnd
+
+    def _hit_with(self, prompt, hit: int, published: set) -> int:
+        """The prefix hit once this round's earlier admissions have published their blocks."""
+        if not published:
+            return hit
+        size = self.mgr.block_size
+        hashes = prompt.block_hashes()
+        limit = (prompt.num_tokens - 1) // size        # the last token is always computed
+        blocks = hit // size
+        while blocks < limit and hashes[blocks] in published:
+            blocks += 1
+        return blocks * size
+
+    # -- applying ----------------------------------------------------------------
+    def schedule(self, now: float = 0.0) -> StepPlan:
+        return self.commit(self.propose(now))
+
+    def commit(self, rnd: Round) -> StepPlan:
+        """Apply a round and return its plan; ``OutOfBlocks`` (nothing changed) if it does not fit."""
+        mgr = self.mgr
+        for seq_id, _ in (*rnd.preempt, *rnd.swap_in, *rnd.grow, *rnd.admit):
+            if seq_id not in self.requests:
+                raise ValueError(f"request {seq_id!r} is not live")
+        capacity = round_capacity(mgr, rnd, self.requests)
+        if capacity.host_needed > capacity.host_available:
+            raise OutOfBlocks(capacity.host_needed, capacity.host_available, "swap-out of this round to host memory")
+        if not capacity.fits:
+            raise OutOfBlocks(capacity.needed, capacity.available,
+                              f"round of {len(rnd.grow)} running, {len(rnd.swap_in)} swap-in and "
+                              f"{len(rnd.admit)} new request(s)")
+        self.step_count += 1
+        proposed, choices = self._proposed
+        if proposed is not rnd:
+            choices = {}
+        ops: list[BlockOp] = []
+        entries: list[_Entry] = []
+        touched: list[Request] = []
+        try:
+            for seq_id, mode in rnd.preempt:
+                r = self.requests[seq_id]
+                touched.append(r)
+                self._preempt(r, mode, ops)
+                choice = choices.get(seq_id) or PreemptionChoice(mode, 0.0, 0.0, "given")
+                self.preemption_log.append((self.step_count, seq_id, choice))
+            for seq_id, k in rnd.swap_in:
+                r = self.requests[seq_id]
+                touched.append(r)
+                pairs = mgr.swap_in(seq_id)
+                if pairs:
+                    ops.append(BlockOp("swap_in", tuple(pairs)))
+                self._to_running(r)
+                entries.append(self._grow(r, k))
+            for seq_id, k in rnd.grow:
+                r = self.requests[seq_id]
+                touched.append(r)
+                entries.append(self._grow(r, k))
+            for seq_id, k in rnd.admit:
+                r = self.requests[seq_id]
+                touched.append(r)
+                entries.append(self._admit(r, k))
+            copies = mgr.take_copies()
+            if copies:
+                ops.append(BlockOp("copy", tuple(copies)))
+            return self._plan(entries, ops, rnd.preempt)
+        except BaseException as exc:
+            # Whatever part of the round was applied, its KV will never be written.
+            self._fail_requests(touched, exc, published=True)
+            raise
+
+    def _preempt(self, r: Request, mode: str, ops: list[BlockOp]) -> None:
+        if mode == "swap":
+            pairs = self.mgr.swap_out(r.request_id)
+            if pairs:
+                ops.append(BlockOp("swap_out", tuple(pairs)))
+            r.status = RequestStatus.SWAPPED
+            r.metrics.swaps += 1
+        else:
+            self.mgr.preempt(r.request_id)
+            r.status = RequestStatus.PREEMPTED
+            r.num_computed = 0
+        r.metrics.preemptions += 1
+        self.running.remove(r)
+        bisect.insort(self.waiting, r, key=_ORDER)
+
+    def _to_running(self, r: Request) -> None:
+        self.waiting.remove(r)
+        bisect.insort(self.running, r, key=_ORDER)
+        r.status = RequestStatus.RUNNING
+
+    def _grow(self, r: Request, k: int) -> _Entry:
+        start = r.num_computed
+        if not 1 <= k <= r.remaining:
+            raise ValueError(f"request {r.request_id!r} has {r.remaining} token(s) to compute, not {k}")
+        self.mgr.append(r.request_id, r.tokens[start:start + k])
+        return _Entry(r, start, start + k)
+
+    def _admit(self, r: Request, k: int) -> _Entry:
+        """Admit ``tokens[:hit + k]`` for the prefix hit it has now (the rest is appended later)."""
+        mgr = self.mgr
+        prompt = hashed_tokens(mgr, r)
+        live = mgr.match(prompt).hit_tokens
+        upto = min(live + k, len(r.tokens))
+        size = mgr.block_size
+        head = Prompt(prompt.hasher, prompt.tokens[:upto], upto, prompt.extra,
+                      prompt.block_hashes()[:upto // size] if mgr.enable_caching else None)
+        if r.request_id in mgr:           # preempted by recompute: its cached blocks come back as hits
+            mgr.free(r.request_id)
+        hit = mgr.admit(r.request_id, head)
+        if r.admitted_before:
+            r.metrics.reused_on_resume += hit
+        else:
+            r.metrics.prefix_hit_tokens = hit
+            r.admitted_before = True
+        r.num_computed = hit
+        self._to_running(r)
+        return _Entry(r, hit, upto, cached=hit)
+
+    def _plan(self, entries: list[_Entry], ops: list[BlockOp], preempted) -> StepPlan:
+        mgr = self.mgr
+        scheduled = []
+        for e in entries:
+            r = e.request
+            k = e.stop - e.start
+            m = r.metrics
+            m.computed_tokens += k
+            m.recomputed_tokens += max(0, min(e.stop, r.computed_high) - e.start)
+            r.computed_high = max(r.computed_high, e.stop)
+            scheduled.append(ScheduledRequest(
+                request_id=r.request_id, token_ids=tuple(r.tokens[e.start:e.stop]), start=e.start,
+                slot_mapping=mgr.slot_mapping(r.request_id, e.start, e.stop), sample=e.stop == len(r.tokens),
+                output_index=r.num_output, sampling=r.sampling,
+                is_decode=k == 1 and e.start >= len(r.prompt), cached_tokens=e.cached))
+        ids = [s.request_id for s in scheduled]
+        tables = mgr.block_tables(ids) if ids else np.zeros((0, 0), dtype=np.int32)
+        return StepPlan(step=self.step_count, block_size=mgr.block_size, requests=tuple(scheduled),
+                        block_tables=tables, block_ops=tuple(ops), preempted=tuple(preempted))
+
+    # -- after the executor ---------------------------------------------------------
+    def update(self, plan: StepPlan, output: StepOutput) -> list[Request]:
+        """Record a step's results; returns the requests that finished. Checks first, then changes."""
+        for s in plan.requests:
+            if s.sample and s.request_id not in output.sampled:
+                raise ValueError(f"the executor sampled no token for request {s.request_id!r}")
+        finished = []
+        for s in plan.requests:
+            r = self.requests.get(s.request_id)
+            if r is None:
+                continue
+            r.num_computed = s.seq_len
+            if not s.sample:
+                continue
+            token = int(output.sampled[s.request_id])
+            r.tokens.append(token)
+            if r.eos_token_id is not None and token == r.eos_token_id:
+                self._release(r, RequestStatus.FINISHED, "stop")
+            elif r.num_output >= r.max_new_tokens:
+                self._release(r, RequestStatus.FINISHED, "length")
+            else:
+                continue
+            finished.append(r)
+        return finished
+
+    def fail(self, plan: StepPlan, exc: BaseException) -> list[Request]:
+        """The executor raised on ``plan``: fail the requests it ran (and those it was
+        swapping out), release their blocks, and drop cache entries it may have poisoned."""
+        size = plan.block_size
+        ids = [s.request_id for s in plan.requests] + [i for i, mode in plan.preempted if mode == "swap"]
+        published = any(s.seq_len // size > s.start // size for s in plan.requests) or \
+            any(op.kind == "swap_in" for op in plan.block_ops)
+        requests = [self.requests[i] for i in ids if i in self.requests]
+        self._fail_requests(requests, exc, published)
+        return requests
+
+    def _fail_requests(self, requests: list[Request], exc: BaseException, published: bool) -> None:
+        for r in requests:
+            if r.request_id in self.requests:
+                self._release(r, RequestStatus.FAILED, "error", exc)
+        if published and self.mgr.enable_caching:
+            # Blocks published this step hold KV that was never (fully) written. The manager
+            # cannot forget single hashes, so forget them all; requests holding blocks go back
+            # to waiting and recompute (their cached blocks are gone with the hashes).
+            for seq_id in self.mgr.reset_prefix_cache(preempt_running=True):
+                r = self.requests[seq_id]
+                self.running.remove(r)
+                r.status = RequestStatus.PREEMPTED
+                r.num_computed = 0
+                r.metrics.preemptions += 1
+                bisect.insort(self.waiting, r, key=_ORDER)
