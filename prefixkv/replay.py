@@ -56,6 +56,19 @@ class ReplayResult:
     def token_hit_rate(self) -> float:
         return self.hit_tokens / self.input_tokens if self.input_tokens else 0.0
 
+    def count(self, request, accesses: int, last_block_tokens: int | None, hit_blocks: int) -> None:
+        """Add one measured request. A hashed trace's last block may be partly filled
+        (``last_block_tokens``): a hit on it is worth only those tokens."""
+        size = self.block_size
+        self.requests += 1
+        self.block_accesses += accesses
+        self.block_hits += hit_blocks
+        self.input_tokens += request.input_length
+        if last_block_tokens is not None and accesses and hit_blocks == accesses:
+            self.hit_tokens += (accesses - 1) * size + last_block_tokens
+        else:
+            self.hit_tokens += min(hit_blocks * size, request.input_length)
+
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.update(block_hit_rate=self.block_hit_rate, token_hit_rate=self.token_hit_rate)
@@ -170,17 +183,8 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
         else:
             mgr.free(i)
             reuse.access(prompt.block_hashes(), hit_tokens // size)
-        if i < warm:
-            continue
-        hit_blocks = hit_tokens // size
-        result.requests += 1
-        result.block_accesses += accesses
-        result.block_hits += hit_blocks
-        result.input_tokens += request.input_length
-        if last_tokens is not None and accesses and hit_blocks == accesses:
-            result.hit_tokens += (accesses - 1) * size + last_tokens
-        else:
-            result.hit_tokens += min(hit_blocks * size, request.input_length)
+        if i >= warm:
+            result.count(request, accesses, last_tokens, hit_tokens // size)
     reuse.finish(result)
 
 
@@ -204,9 +208,7 @@ def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequenc
         if m.total_blocks + out_blocks > mgr.pool.num_blocks:
             if i >= warm:
                 result.oversized_requests += 1
-                result.requests += 1
-                result.block_accesses += accesses
-                result.input_tokens += request.input_length
+                result.count(request, accesses, last_tokens, 0)
             return True   # can never run: counted as all misses, dropped
         if m.blocks_needed + out_blocks > mgr.num_free_blocks:
             return False
@@ -222,15 +224,7 @@ def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequenc
         service = request.input_length / prefill_rate + request.output_length / decode_rate
         heapq.heappush(running, (now + service, i))
         if i >= warm:
-            hit_blocks = hit_tokens // size
-            result.requests += 1
-            result.block_accesses += accesses
-            result.block_hits += hit_blocks
-            result.input_tokens += request.input_length
-            if last_tokens is not None and accesses and hit_blocks == accesses:
-                result.hit_tokens += (accesses - 1) * size + last_tokens
-            else:
-                result.hit_tokens += min(hit_blocks * size, request.input_length)
+            result.count(request, accesses, last_tokens, hit_tokens // size)
             wait = now - request.timestamp
             if wait > 0:
                 result.waited_admissions += 1
