@@ -275,8 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output JSONL path")
     p.set_defaults(func=cmd_workload)
 
+    from .bench.cli import add_bench_command
     from .engine.demo import add_generate_command
     add_generate_command(sub)
+    add_bench_command(sub)
     return parser
 
 

@@ -1,0 +1,214 @@
+"""``prefixkv bench``: block sizes x one trace x one pool, per the design notes' method.
+
+Wire it with ``add_bench_command(subparsers)`` in ``prefixkv.cli.build_parser``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from ..sizing import DTYPE_BYTES, KVSpec, parse_size
+
+# The real tiny model's KV layout (TinyLlamaConfig defaults) and a pool a CPU can hold.
+ENGINE_SPEC = KVSpec(layers=2, kv_heads=2, head_dim=16, dtype="float32")
+ENGINE_POOL = 16 * 2**20
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(sorted({int(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"block sizes must be comma-separated integers, got {text!r}") from None
+    if not values or values[0] <= 0:
+        raise argparse.ArgumentTypeError(f"block sizes must be positive, got {text!r}")
+    return values
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _model_spec(text: str) -> dict:
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) not in (3, 4, 5):
+        raise argparse.ArgumentTypeError(f"--model-spec is layers,kv_heads,head_dim[,dtype[,tp]], got {text!r}")
+    try:
+        out = dict(layers=int(parts[0]), kv_heads=int(parts[1]), head_dim=int(parts[2]))
+        if len(parts) > 3:
+            out["dtype"] = parts[3]
+        if len(parts) > 4:
+            out["tensor_parallel"] = int(parts[4])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--model-spec is layers,kv_heads,head_dim[,dtype[,tp]], got {text!r}") from None
+    if "dtype" in out and out["dtype"] not in DTYPE_BYTES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {out['dtype']!r}")
+    return out
+
+
+def _reserve(text: str):
+    if text in ("max", "request"):
+        return text
+    return _positive_int(text)
+
+
+def resolve_spec(args: argparse.Namespace) -> KVSpec:
+    from .runner import SEED_SPEC
+
+    base = ENGINE_SPEC if args.executor == "engine" else SEED_SPEC
+    fields = dict(layers=base.layers, kv_heads=base.kv_heads, head_dim=base.head_dim, dtype=base.dtype,
+                  tensor_parallel=base.tensor_parallel)
+    if args.model_spec:
+        fields.update(args.model_spec)
+    for name in ("layers", "kv_heads", "head_dim", "dtype"):
+        value = getattr(args, name)
+        if value is not None:
+            fields[name] = value
+    if args.tp is not None:
+        fields["tensor_parallel"] = args.tp
+    return KVSpec(**fields)
+
+
+def build_config(args: argparse.Namespace):
+    from .costmodel import load_params
+    from .runner import BenchConfig
+
+    spec = resolve_spec(args)
+    pool = args.pool if args.pool is not None else (ENGINE_POOL if args.executor == "engine" else 8 * 2**30)
+    params = load_params(args.cost_params or ("cpu-tiny" if args.executor == "engine" else "h200"))
+    return BenchConfig(block_sizes=args.block_sizes, pool_bytes=pool, spec=spec, policy=args.policy,
+                       max_num_batched_tokens=args.max_batched_tokens, max_num_seqs=args.max_seqs,
+                       max_prefill_chunk=args.max_prefill_chunk, host_pool_bytes=args.host_pool,
+                       executor=args.executor, params=params)
+
+
+def load_bench_trace(args: argparse.Namespace):
+    """(trace, label): ``--trace`` loaded, or the built-in workload written to a file first."""
+    from ..traces import load_trace
+    from ..workloads import builtin_trace
+
+    if args.trace:
+        trace = load_trace(args.trace, args.format)
+        label = os.path.basename(os.path.normpath(args.trace)) or args.trace
+    else:
+        trace = builtin_trace(args.workload)
+        label = f"{args.workload} (generated, {os.path.basename(str(trace.path))})"
+    if args.requests is not None:
+        trace.requests = trace.requests[:args.requests]
+    if args.rate_scale != 1.0:
+        for r in trace.requests:
+            r.timestamp = r.timestamp / args.rate_scale
+    return trace, label
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .report import render, to_json, write_plots
+    from .runner import run_bench
+
+    cfg = build_config(args)
+    trace, label = load_bench_trace(args)
+    if not trace.requests:
+        raise ValueError("the trace has no requests")
+    console = Console(stderr=True)
+    status = None if args.json or not console.is_terminal else console.status("benchmarking")
+    if status:
+        status.start()
+    try:
+        result = run_bench(trace, cfg, trace_label=label, vocab=args.vocab, compare_reserved=args.compare_reserved,
+                           reserve_tokens=args.reserve_tokens,
+                           on_done=(lambda b: status.update(f"block size {b} done")) if status else None)
+    finally:
+        if status:
+            status.stop()
+    if args.rate_scale != 1.0:
+        result.trace["rate_scale"] = args.rate_scale
+    paths = write_plots(result, args.plot) if args.plot else []
+    if args.json:
+        print(to_json(result))
+        return 0
+    render(result)
+    for p in paths:
+        Console().print(f"wrote {p}")
+    return 0
+
+
+def add_bench_command(subparsers) -> argparse.ArgumentParser:
+    from ..workloads import BUILTIN_WORKLOADS
+
+    p = subparsers.add_parser(
+        "bench", help="block-size benchmark: one trace, one pool (bytes), one budget, several block sizes",
+        description="Replay one trace through the engine's scheduler at several block sizes with the same KV "
+                    "pool bytes (num_blocks = pool // bytes_per_block), token budget, concurrency limit and "
+                    "precision. Reports tail waste, block-table length, preemptions, P50/P99 TTFT and ITL, "
+                    "completed requests/s, prefix hit rate and block usage over time. The cost-model executor "
+                    "models step time (profiles: h200, cpu-tiny, or a JSON/TOML file); the engine executor "
+                    "runs the real tiny model on CPU.")
+    p.add_argument("--trace", help="a trace file (Mooncake, kv-cache-tester, prefixkv tokens); "
+                                   "default: the built-in generated workload")
+    p.add_argument("--format", default="auto", choices=["auto", "mooncake", "kvcache-tester", "tokens"])
+    p.add_argument("--workload", default="default", choices=sorted(BUILTIN_WORKLOADS),
+                   help="built-in workload used when no --trace is given (written to a file first)")
+    p.add_argument("--requests", type=_positive_int, default=None, help="use the first N requests only")
+    p.add_argument("--rate-scale", type=float, default=1.0,
+                   help="multiply the arrival rate (timestamps / X) to load the system harder")
+    p.add_argument("--block-sizes", type=_sizes, default=(4, 8, 16, 32, 64, 128))
+    p.add_argument("--pool", type=_size, default=None,
+                   help="KV pool bytes, the same for every block size (default 8GiB; engine: 16MiB)")
+    p.add_argument("--host-pool", type=_size, default=0, help="host swap space in bytes (default 0: recompute)")
+    p.add_argument("--model-spec", type=_model_spec, default=None,
+                   help="layers,kv_heads,head_dim[,dtype[,tp]] (default: the notes' 32,8,128,bfloat16; "
+                        "engine: the tiny model's 2,2,16,float32)")
+    p.add_argument("--layers", type=_positive_int, default=None)
+    p.add_argument("--kv-heads", type=_positive_int, default=None)
+    p.add_argument("--head-dim", type=_positive_int, default=None)
+    p.add_argument("--dtype", default=None, choices=sorted(DTYPE_BYTES))
+    p.add_argument("--tp", type=_positive_int, default=None, help="tensor-parallel degree")
+    p.add_argument("--policy", default="lru", help="eviction policy of the prefix cache")
+    p.add_argument("--max-batched-tokens", type=_positive_int, default=2048, help="scheduler token budget per step")
+    p.add_argument("--max-seqs", type=_positive_int, default=128, help="concurrency limit")
+    p.add_argument("--max-prefill-chunk", type=_positive_int, default=None)
+    p.add_argument("--executor", default="cost-model", choices=["cost-model", "engine"])
+    p.add_argument("--cost-params", default=None,
+                   help="profile name (h200, cpu-tiny) or a JSON/TOML file of cost parameters "
+                        "(default: h200; engine: cpu-tiny)")
+    p.add_argument("--vocab", type=_positive_int, default=32_000,
+                   help="token ids synthesised for hashed traces are drawn below this")
+    p.add_argument("--compare-reserved", action="store_true",
+                   help="also serve the trace with reserve-max-length allocation on the same memory")
+    p.add_argument("--reserve-tokens", type=_reserve, default="max",
+                   help="what a reserved request reserves: max (the trace's longest request), request "
+                        "(its own length, an oracle) or a token count")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="DIR", help="write latency_cdf.png, block_size.png, pool_usage.png "
+                                                 "(and reserved.png) into DIR")
+    p.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``bench`` alone (until it is wired into ``prefixkv``): ``python -m prefixkv.bench.cli``."""
+    parser = argparse.ArgumentParser(prog="prefixkv")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_bench_command(sub)
+    args = parser.parse_args(["bench", *(argv if argv is not None else __import__("sys").argv[1:])])
+    try:
+        return args.func(args)
+    except (ValueError, OSError, RuntimeError) as exc:
+        parser.exit(2, f"prefixkv bench: error: {exc}\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""``prefixkv bench`` output: a rich table, one JSON document, and matplotlib plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .runner import BenchResult
+
+
+def to_json(result: BenchResult) -> str:
+    """The whole result as one JSON document (deterministic for the cost-model executor)."""
+    return json.dumps(result.as_dict(), allow_nan=False)
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{1e3 * x:,.1f}"
+
+
+def _num(x, fmt=",.2f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def render(result: BenchResult, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    cfg = result.config
+    tr = result.trace
+    s = cfg.spec
+    title = (f"{tr['name']}: {tr['requests']:,} requests, pool {cfg.pool_bytes / 2**30:,.3g} GiB, "
+             f"{s.layers}x{s.kv_heads}x{s.head_dim} {s.dtype} ({s.bytes_per_token:,} B/token), "
+             f"budget {cfg.max_num_batched_tokens} tokens, {cfg.max_num_seqs} seqs, policy {cfg.policy}, "
+             f"executor {cfg.executor}" + (f" ({cfg.params.name})" if cfg.executor == "cost-model" else ""))
+    table = Table(title=title)
+    for name in ("block", "blocks", "tail waste MiB\nmean / peak", "table len\nmean / max", "preempt",
+                 "TTFT ms\np50 / p99", "ITL ms\np50 / p99", "req/s", "out tok/s", "hit %",
+                 "active / cached / free\n% of pool (mean)", "running\nmean / max"):
+        table.add_column(name, justify="right")
+    for run in result.runs:
+        r = run.summary
+        u = r["usage_mean"]
+        table.add_row(
+            str(r["block_size"]), f"{r['num_blocks']:,}",
+            f"{r['tail_waste_mib_mean']:,.1f} / {r['tail_waste_mib_peak']:,.1f}",
+            f"{r['block_table_len_mean']:,.1f} / {r['block_table_len_max']:,}",
+            f"{r['preemptions']:,}", f"{_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p99_s'])}",
+            f"{_ms(r['itl_p50_s'])} / {_ms(r['itl_p99_s'])}", _num(r["completed_per_s"]),
+            _num(r["output_tokens_per_s"], ",.0f"), f"{100 * r['prefix_hit_rate']:.1f}",
+            f"{100 * u['active']:.0f} / {100 * u['evictable']:.0f} / {100 * u['free']:.0f}",
+            f"{r['concurrency_mean']:.1f} / {r['concurrency_max']}")
+    console.print(table)
+    if tr.get("synthesised_tokens"):
+        console.print(f"[dim]hashed trace: token ids synthesised from hash ids (native block "
+                      f"{tr['native_block_size']}); other block sizes change the sharing granularity[/dim]")
+    if result.reserved is not None:
+        render_reserved(result.reserved, console)
+
+
+def render_reserved(cmp: dict, console) -> None:
+    from rich.table import Table
+
+    res = cmp["reserved"]
+    table = Table(title=f"paged vs reserved-max-length (reserve {res['reserve_tokens']}), same trace and memory")
+    for name in ("allocator", "block", "running mean / max", "req/s", "out tok/s", "TTFT ms p50 / p99",
+                 "ITL ms p50 / p99", "hit %"):
+        table.add_column(name, justify="right")
+    rows = [*cmp["paged"], cmp["paged_no_cache"], {**res, "block_size": None}]
+    for r in rows:
+        table.add_row(r["allocator"], "-" if r["block_size"] is None else str(r["block_size"]),
+                      f"{r['concurrency_mean']:.1f} / {r['concurrency_max']}", _num(r["completed_per_s"]),
+                      _num(r["output_tokens_per_s"], ",.0f"), f"{_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p99_s'])}",
+                      f"{_ms(r['itl_p50_s'])} / {_ms(r['itl_p99_s'])}", f"{100 * r['prefix_hit_rate']:.1f}")
+    console.print(table)
+    console.print(f"[dim]reserved: {100 * res['reserved_fraction_mean']:.0f}% of the pool reserved on average, "
+                  f"{100 * res['used_fraction_mean']:.0f}% holding KV[/dim]")
+
+
+def write_plots(result: BenchResult, directory: str | Path) -> list[Path]:
+    """latency_cdf.png, block_size.png, pool_usage.png (and reserved.png with --compare-reserved)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    runs = result.runs
+    label = result.trace["name"]
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for run in runs:
+        for ax, values in zip(axes, (run.ttfts, run.itls)):
+            if values:
+                x = np.sort(np.asarray(values)) * 1e3
+                ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=f"B={run.summary['block_size']}")
+    if result.reserved_run is not None:
+        raw = result.reserved_run
+        for ax, values in zip(axes, (raw["_ttfts"], raw["_itls"])):
+            if values:
+                x = np.sort(np.asarray(values)) * 1e3
+                ax.plot(x, np.arange(1, len(x) + 1) / len(x), "k--", label="reserved")
+    for ax, name in zip(axes, ("TTFT", "inter-token latency")):
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{name} (ms)")
+        ax.set_ylabel("fraction of samples")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{label}: latency CDF per block size")
+    fig.tight_layout()
+    paths.append(out / "latency_cdf.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    sizes = [r.summary["block_size"] for r in runs]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(sizes, [100 * r.summary["prefix_hit_rate"] for r in runs], "o-", color="tab:blue", label="prefix hit rate")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(s) for s in sizes])
+    ax.set_xlabel("block size (tokens)")
+    ax.set_ylabel("prefix hit rate (%)", color="tab:blue")
+    ax2 = ax.twinx()
+    ax2.plot(sizes, [r.summary["tail_waste_mib_mean"] for r in runs], "s-", color="tab:red", label="tail waste (mean)")
+    ax2.plot(sizes, [r.summary["tail_waste_mib_peak"] for r in runs], "s:", color="tab:red", label="tail waste (peak)")
+    ax2.set_ylabel("tail waste (MiB)", color="tab:red")
+    ax.grid(True, alpha=0.3)
+    fig.legend(loc="upper center", ncol=3, fontsize=8)
+    fig.suptitle(f"{label}: hit rate and tail waste against block size", y=0.02, fontsize=9)
+    fig.tight_layout(rect=(0, 0.04, 1, 0.92))
+    paths.append(out / "block_size.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    cols = min(3, len(runs))
+    rows = -(-len(runs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False, sharey=True)
+    for ax, run in zip(axes.flat, runs):
+        tl = run.timeline
+        n = run.summary["num_blocks"]
+        t = np.asarray(tl["t"])
+        ax.stackplot(t, np.asarray(tl["active"]) / n * 100, np.asarray(tl["evictable"]) / n * 100,
+                     np.asarray(tl["free"]) / n * 100, labels=("active", "cached (evictable)", "free"),
+                     colors=("tab:red", "tab:orange", "tab:green"), alpha=0.8)
+        ax.set_title(f"B={run.summary['block_size']} ({n:,} blocks)", fontsize=9)
+        ax.set_xlabel("time (s)")
+        ax.set_ylim(0, 100)
+    for ax in axes.flat[len(runs):]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("% of pool")
+    axes[0][0].legend(loc="lower right", fontsize=7)
+    fig.suptitle(f"{label}: block usage over time")
+    fig.tight_layout()
+    paths.append(out / "pool_usage.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    if result.reserved is not None:
+        cmp = result.reserved
+        rows = [*cmp["paged"], cmp["paged_no_cache"], {**cmp["reserved"], "block_size": None}]
+        names = [f"paged B={r['block_size']}" if r["allocator"] == "paged" else
+                 (f"paged B={r['block_size']}\nno cache" if r["block_size"] else "reserved") for r in rows]
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        axes[0].bar(names, [r["concurrency_mean"] for r in rows], color="tab:blue")
+        axes[0].set_ylabel("running requests (mean over steps)")
+        axes[1].bar(names, [r["completed_per_s"] or 0 for r in rows], color="tab:green")
+        axes[1].set_ylabel("completed requests/s")
+        for ax in axes:
+            ax.tick_params(axis="x", labelsize=7, rotation=45)
+        fig.suptitle(f"{label}: paged vs reserved-max-length, same trace and memory")
+        fig.tight_layout()
+        paths.append(out / "reserved.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
