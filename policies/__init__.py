@@ -25,6 +25,7 @@ from .gdsf import GDSFPolicy
 from .leaf_lru import LeafLRUPolicy
 from .lfu import LFUPolicy
 from .lru import LRUPolicy
+from .lrfu import LRFUPolicy
 from .priority import PriorityPolicy
 from .s3fifo import S3FIFOPolicy
 from .slru import SLRUPolicy
@@ -42,6 +43,7 @@ _BUILTIN: dict[str, Callable[..., EvictionPolicy]] = {
     "leaf-lru": LeafLRUPolicy,
     "gdsf": GDSFPolicy,
     "workload": WorkloadPolicy,
+    "lrfu": LRFUPolicy,
     "belady": BeladyPolicy,
 }
 

@@ -12,9 +12,10 @@ step and independent of the policy's indexes.
 
 from __future__ import annotations
 
+import math
 import random
 import time
-from math import inf, log
+from math import inf, log, log2
 
 import pytest
 from hypothesis import given, settings
@@ -22,11 +23,11 @@ from hypothesis import strategies as st
 
 from prefixkv import BlockPool, BlockRemoved, KVCacheManager
 from prefixkv.policies import (ARCPolicy, BeladyPolicy, EvictionPolicy, GDSFPolicy, LeafLRUPolicy, LFUPolicy,
-                               LRUPolicy, PolicyRegistry, PriorityPolicy, S3FIFOPolicy, SLRUPolicy,
+                               LRFUPolicy, LRUPolicy, PolicyRegistry, PriorityPolicy, S3FIFOPolicy, SLRUPolicy,
                                WorkloadPolicy, available_policies, make_policy)
 import prefixkv.policies as policies_module
 
-NAMES = ["lru", "fifo", "lfu", "slru", "s3fifo", "arc", "leaf-lru", "gdsf", "workload", "belady"]
+NAMES = ["lru", "fifo", "lfu", "slru", "s3fifo", "arc", "leaf-lru", "gdsf", "workload", "lrfu", "belady"]
 NUM_BLOCKS = 8
 NUM_HASHES = 14
 
@@ -418,6 +419,108 @@ class RefWorkload(Ref):
         self.ghost.clear()
 
 
+class RefLRFU(Ref):
+    """Log-scores ``log2 sum 2**clock_i`` on the warped clock (the policy's float steps), the median
+    reuse distance and the lengths derived from it, ghosts, the access memory and the leaf experiments
+    as plain lists; a leaf is a released block with no cached block under its hash (a scan)."""
+
+    def __init__(self, pool, half_life=2.0, ghost=0.5, step=0.002, memory=8.0, reuse_distance=None,
+                 window=1.0, rate=0.01, leaf_penalty=True):
+        super().__init__(pool)
+        self.half_life, self.ghost, self.step, self.memory_f, self.window_f = half_life, ghost, step, memory, window
+        self.rate, self.leaf_penalty = rate, leaf_penalty
+        self.median = float(reuse_distance or pool.num_blocks)
+        self.rescale()
+        self.clock = 0.0
+        self.p = {True: 0.5, False: 0.5}   # reuse estimates of leaves / inner blocks
+        self.score, self.key, self.cached_blocks = {}, {}, set()
+        self.ghosts = []     # [hash, score] in eviction order
+        self.accesses = []   # [tick, hash] of the remembered accesses, in order
+        self.last = {}       # hash -> tick of its last remembered access
+        self.history = []    # [hash, is leaf, release tick]: the open leaf experiments, in release order
+
+    def rescale(self):
+        self.scaled_at = self.median
+        self.H = self.half_life * self.median
+        self.ghost_limit = int(self.ghost * self.H)
+        self.window = max(1, int(self.window_f * self.H))
+        self.memory = min(int(self.memory_f * self.median) + 1, 64 * self.pool.num_blocks)
+
+    @staticmethod
+    def add(score, now):
+        if score is None:
+            return now
+        d = score - now
+        return score + log2(1.0 + 2.0 ** -d) if d > 0.0 else now + log2(1.0 + 2.0 ** d)
+
+    def learn(self, leaf, outcome):
+        self.p[leaf] += self.rate * (outcome - self.p[leaf])
+
+    def accessed(self, h):
+        if self.step and h in self.last:
+            longer = self.tick - self.last[h] + 0.5 > self.median
+            self.median = self.median * (math.exp(self.step) if longer else math.exp(-self.step))
+            if not self.scaled_at * 0.99 < self.median < self.scaled_at * 1.01:
+                self.rescale()
+        self.last[h] = self.tick
+        self.accesses.append([self.tick, h])
+        while self.accesses[0][0] < self.tick - self.memory:
+            tick, old = self.accesses.pop(0)
+            if self.last.get(old) == tick:
+                del self.last[old]
+        for entry in self.history:
+            if entry[0] == h:
+                self.history.remove(entry)
+                self.learn(entry[1], 1.0)
+                break
+
+    def cached(self, b):
+        h = self.pool.block_hash[b]
+        old = None
+        for entry in self.ghosts:
+            if entry[0] == h:
+                self.ghosts.remove(entry)
+                old = entry[1]
+                break
+        self.score[b] = self.add(old, self.clock)
+        self.cached_blocks.add(b)
+        self.accessed(h)
+
+    def hit(self, b, was_evictable):
+        super().hit(b, was_evictable)
+        self.score[b] = self.add(self.score[b], self.clock)
+        self.accessed(self.pool.block_hash[b])
+
+    def released(self, b):
+        super().released(b)
+        self.clock += 1.0 / self.H
+        h = self.pool.block_hash[b]
+        leaf = not any(self.pool.parent_hash[c] == h for c in self.cached_blocks)
+        key = self.score[b]
+        if leaf and self.leaf_penalty:
+            ratio = max(self.p[True], 1e-3) / max(self.p[False], 1e-3)
+            key -= -log2(ratio) if ratio < 1.0 else 0.0
+        self.key[b] = key
+        self.history = [e for e in self.history if e[0] != h] + [[h, leaf, self.tick]]
+        while self.history and self.history[0][2] <= self.tick - self.window:
+            self.learn(self.history.pop(0)[1], 0.0)
+
+    def choose(self):
+        return min(self.rel, key=lambda b: (self.key[b], self.rel[b]))
+
+    def forget(self, b):
+        score = self.score.pop(b)
+        del self.key[b]
+        self.cached_blocks.discard(b)
+        self.ghosts.append([self.pool.block_hash[b], score])
+        while len(self.ghosts) > self.ghost_limit:
+            self.ghosts.pop(0)
+
+    def clear(self):
+        super().clear()
+        self.score, self.key, self.cached_blocks = {}, {}, set()
+
+
 class RefBelady(Ref):
     def __init__(self, pool):
         super().__init__(pool)
@@ -629,6 +732,13 @@ def factories():
         "workload": (WorkloadPolicy, RefWorkload),
         "workload-by-depth": (lambda: WorkloadPolicy(rate=0.3, horizon=0.5, window=0.5, by_depth=True),
                               lambda p: RefWorkload(p, rate=0.3, horizon=0.5, window=0.5, by_depth=True)),
+        "lrfu": (LRFUPolicy, RefLRFU),
+        "lrfu-fast": (lambda: LRFUPolicy(half_life=0.5, ghost=1.0, step=0.1, memory=2.0, window=0.5, rate=0.3),
+                      lambda p: RefLRFU(p, half_life=0.5, ghost=1.0, step=0.1, memory=2.0, window=0.5, rate=0.3)),
+        "lrfu-fixed-scale": (lambda: LRFUPolicy(step=0, reuse_distance=3, leaf_penalty=False),
+                             lambda p: RefLRFU(p, step=0, reuse_distance=3, leaf_penalty=False)),
+        "lrfu-no-ghosts": (lambda: LRFUPolicy(ghost=0, step=0.05, window=0.25, rate=0.5),
+                           lambda p: RefLRFU(p, ghost=0, step=0.05, window=0.25, rate=0.5)),
         "belady": (BeladyPolicy, RefBelady),
         "priority+lru": (lambda: PriorityPolicy(LRUPolicy()), lambda p: RefPriorityLRU(p, None)),
         "priority+lru-min2": (lambda: PriorityPolicy(LRUPolicy(), min_priority=2),
@@ -785,6 +895,123 @@ def test_workload_learns_which_roots_are_reused():
     cache(2, ("b", 99), "b", 1)
     assert policy.estimates["b"] > before
 
+
+def test_lrfu_weighs_frequency_remembers_ghosts_and_ages():
+    # Block 0 was hit, block 1 never: LRU evicts 0 (released first), LRFU evicts 1.
+    script = [("cache", 0, 0, 0), ("release", 0, 0, 0), ("hit", 0, 0, 0), ("release", 0, 0, 0),
+              ("cache", 1, 1, 0), ("release", 1, 1, 0), ("evict", 0, 0, 0)]
+    assert drive(LRUPolicy(), script) == [0]
+    assert drive(LRFUPolicy(), script) == [1]
+    # Aging: with a half-life of one release (1/8 of the initial median, the capacity), two old
+    # accesses weigh less than one recent access.
+    aged = script[:4] + [("cache", 2, 2, 0), ("release", 2, 2, 0)] * 1 + [("cache", 3, 3, 0), ("release", 3, 3, 0),
+                                                                            ("cache", 1, 1, 0), ("release", 1, 1, 0)]
+    assert drive(LRFUPolicy(half_life=1 / NUM_BLOCKS, leaf_penalty=False), aged + [("evict", 0, 0, 0)]) == [0]
+    assert drive(LRFUPolicy(half_life=100, leaf_penalty=False), aged + [("evict", 0, 0, 0)]) == [2]
+    # Ghost memory: an evicted hash cached again resumes warm (CRF > 1), unless ghosts are off.
+    for ghost, warm in ((1.0, True), (0.0, False)):
+        policy = LRFUPolicy(half_life=100, ghost=ghost)
+        pool = FakePool()
+        drive(policy, [("cache", 0, 0, 0), ("release", 0, 0, 0), ("hit", 0, 0, 0), ("release", 0, 0, 0),
+                       ("evict", 0, 0, 0), ("cache", 5, 0, 0)], pool=pool)
+        assert (policy.crf(5) > 1.5) == warm
+
+
+def test_lrfu_time_scale_follows_the_workload_not_the_cache_size():
+    """A loop over 40 hashes (reuse distance 40 releases): the median converges near 40 and the
+    half-life to half_life * 40, for an 8-block and a 64-block pool alike."""
+    for capacity in (8, 64):
+        policy = LRFUPolicy(step=0.02)
+        pool = FakePool(capacity)
+        policy.bind(pool)
+        where = {}                                    # hash -> block
+        free = list(range(capacity))
+        for i in range(4000):
+            h = i % 40
+            if h in where:
+                policy.on_hit(where[h], True)
+            else:
+                if not free:
+                    victim = policy.evict()
+                    del where[pool.block_hash[victim]]
+                    pool.drop(victim)
+                    free.append(victim)
+                block = free.pop()
+                pool.cache(block, h, parent=None, depth=0)
+                where[h] = block
+                policy.on_cached(block)
+            policy.on_released(where[h])
+        assert 36 < policy.median_reuse_distance < 44
+        assert policy.half_life_releases == pytest.approx(2.0 * policy.median_reuse_distance, rel=0.011)
+
+def test_lrfu_learns_that_request_tails_are_dead_and_demotes_only_leaves():
+    def run(policy):
+        pool = FakePool()
+        policy.bind(pool)
+
+        def cache(block, h, parent=None, depth=0):
+            pool.cache(block, h, parent, depth)
+            policy.on_cached(block)
+
+        def evict():
+            victim = policy.evict()
+            pool.drop(victim)
+            return victim
+
+        cache(0, "r")                                 # a shared root, hit by every request ...
+        for k in range(8):
+            cache(1, ("t", k), "r", 1)                # ... each of which ends in its own tail
+            policy.on_released(1)
+            policy.on_released(0)
+            policy.on_hit(0, True)
+            assert evict() == 1
+        policy.on_released(0)
+        assert evict() == 0
+        cache(2, "s")                                 # inner block s (its child u is cached) ...
+        cache(3, "u", "s", 1)
+        policy.on_released(3)
+        policy.on_released(2)
+        cache(4, "v")                                 # ... released before the leaf v
+        policy.on_released(4)
+        return [evict() for _ in range(3)]
+
+    tiny_window = 4 / (100 * NUM_BLOCKS)        # experiments stay open for 4 releases (H = 100 * 8)
+    policy = LRFUPolicy(half_life=100, step=0, window=tiny_window, rate=0.5)
+    victims = run(policy)
+    assert sorted(victims[:2]) == [3, 4] and victims[2] == 2  # leaves u and v go before the older inner s
+    assert policy.p_leaf < 0.1 < 0.9 < policy.p_inner and policy.penalty() > 3
+    assert run(LRUPolicy()) == [3, 2, 4]
+    assert run(LRFUPolicy(half_life=100, step=0, window=tiny_window, rate=0.5, leaf_penalty=False)) == [3, 2, 4]
+    # Tails reused more often than inner blocks earn no bonus: a leaf is never ranked above its parent.
+    policy = LRFUPolicy()
+    policy.p_leaf, policy.p_inner = 0.9, 0.2
+    assert policy.penalty() == 0.0
+    policy.p_leaf, policy.p_inner = 0.1, 0.4
+    assert policy.penalty() == 2.0
+
+
+def test_lrfu_never_orphans_a_cached_block_in_a_cache_only_replay():
+    """Through the real manager (admit then free at once): a victim never has a cached block under it."""
+    rng = random.Random(3)
+    stems = [[rng.randrange(8) for _ in range(rng.randrange(4, 20))] for _ in range(10)]
+    policy = LRFUPolicy(step=0.05, window=0.5, rate=0.2)
+    mgr = KVCacheManager(12, BLOCK, policy=policy, hash_seed=0)
+    pool = mgr.pool
+    original = policy.evict
+
+    def checked_evict():
+        victim = original()
+        h = pool.block_hash[victim]
+        assert not any(pool.block_hash[b] is not None and pool.parent_hash[b] == h and b != victim
+                       for b in range(pool.num_blocks))
+        return victim
+
+    policy.evict = checked_evict
+    for i in range(400):
+        tokens = rng.choice(stems)[:rng.randrange(4, 20)] + [rng.randrange(40, 60) for _ in range(rng.randrange(4))]
+        mgr.admit(i, tokens[:12 * BLOCK - 1], compute_last_token=False)
+        mgr.free(i)
+    assert pool.evictions > 200 and mgr.stats().hit_tokens > 0
 
 def test_belady_evicts_the_furthest_next_use():
     script = [("cache", 0, 0, 0), ("cache", 1, 1, 0), ("next", 0, 0, 9), ("next", 0, 1, 2),
