@@ -28,14 +28,7 @@ OUT_TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 4e-3), torch.bfloa
 LSE_TOL = (2e-5, 1e-5)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """These tensors are small: one thread is faster than two, and immune to OpenMP threads
-    spinning for a busy CPU. Restored afterwards for the rest of the session."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # -- building cases ------------------------------------------------------------

@@ -18,12 +18,7 @@ from prefixkv.engine.sampling import sample  # noqa: E402
 B = 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -41,13 +41,7 @@ def _config(**overrides) -> LlamaConfig:
     return LlamaConfig(**params)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The model is tiny: one thread is enough, and it keeps the file fast on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -28,27 +28,15 @@ the brute force catches.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from functools import lru_cache
 from itertools import combinations
 
 from prefixkv.policies.belady import INF, BeladyPolicy
 from prefixkv.replay import replay
+from prefixkv.traces import Trace
+from prefixkv.traces import TraceRequest as Req
 
 
-@dataclass
-class Req:
-    timestamp: float
-    input_length: int
-    output_length: int
-    block_hashes: list
-    tokens: list | None = None
-
-
-@dataclass
-class Trace:
-    requests: list
-    block_size: int
 
 
 BLOCK = 4

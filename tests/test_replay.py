@@ -1,27 +1,15 @@
 import random
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prefixkv.replay import replay
+from prefixkv.traces import Trace
+from prefixkv.traces import TraceRequest as Req
 
 
-@dataclass
-class Req:
-    timestamp: float
-    input_length: int
-    output_length: int
-    block_hashes: list
-    tokens: list | None = None
-
-
-@dataclass
-class Trace:
-    requests: list
-    block_size: int
 
 
 def chained(path):

@@ -19,14 +19,7 @@ NEEDS_CUDA = "needs CUDA (torch.cuda.is_available() is False)"
 SPEC = KVSpec(layers=3, kv_heads=2, head_dim=8, dtype="float32")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """These tensors are small: one thread is faster than two, and immune to OpenMP threads
-    spinning for a busy CPU. Restored afterwards for the rest of the session."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def rand_kv(n, store, gen):
