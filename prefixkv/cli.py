@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
+from .errors import PrefixKVError
 from .sizing import KVSpec, format_size, parse_size, plan
+
+DESCRIPTION = ("prefixkv: a prefix-caching, paged KV-cache store. Size a pool (plan), check the block "
+               "arithmetic (lab), replay request traces under eviction policies (replay, compare, workload), "
+               "generate with a paged cache (generate) and benchmark block sizes (bench).")
 
 # The design notes' teaching model: a Llama-3-8B-like KV layout.
 SEED_MODEL = dict(layers=32, kv_heads=8, head_dim=128, dtype="bfloat16")
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
 
 
@@ -25,6 +34,13 @@ def _size(text: str) -> int:
         return parse_size(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_size(text: str) -> int:
+    value = _size(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size above zero, got {text!r}")
+    return value
 
 
 def _lengths(text: str) -> list[int]:
@@ -95,10 +111,19 @@ def _trace_sources(args: argparse.Namespace):
 
 
 def _fraction(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
     if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
     return value
+
+
+def _where_generated(sources) -> str | None:
+    """The file a built-in workload was written to (None for traces named on the command line)."""
+    generated = [s for s in sources if s.format == "tokens" and s.label.endswith("(generated)")]
+    return f"{generated[0].label}: trace file {generated[0].paths[0]}" if generated else None
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -113,21 +138,29 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 0
     print(f"{source.label}: {len(trace):,} requests, blocks of {trace.block_size} tokens, "
           f"policy {args.policy}, capacity {args.capacity:,} blocks, {args.mode} mode")
+    where = _where_generated([source])
+    if where:
+        print(where)
     for key in ("requests", "block_accesses", "block_hits", "block_hit_rate", "token_hit_rate", "evictions",
                 "block_insertions", "blocks_never_reused", "oversized_requests", "waited_admissions",
                 "mean_wait_s"):
         if key in result:
             value = result[key]
-            print(f"  {key:>20}  {value:.4f}" if isinstance(value, float) else f"  {key:>20}  {value:,}")
+            if key.endswith("_rate"):
+                print(f"  {key:>20}  {100 * value:.2f} %")
+            elif isinstance(value, float):
+                print(f"  {key:>20}  {value:.4f}")
+            else:
+                print(f"  {key:>20}  {value:,}")
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
     from .compare import auto_capacities, gap_summary, plot, sweep
+    from .console import make_console
     from .policies import available_policies
 
     # LRU first (the baseline), MIN last (the bound), the rest by name.
@@ -140,7 +173,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     sources = _trace_sources(args)
     capacities = {s.label: (auto_capacities(s.load()) if args.capacities == "auto" else args.capacities)
                   for s in sources}
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     total = sum(len(policies) * len(capacities[s.label]) for s in sources)
     with Progress(console=console, transient=True, disable=args.json or not console.is_terminal) as bar:
         task = bar.add_task("replaying", total=total)
@@ -152,7 +185,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"results": results, "summary": summary}))
         return 0
-    out = Console()
+    out = make_console()
     for source in sources:
         caps = capacities[source.label]
         rows = [r for r in results if r["trace"] == source.label]
@@ -177,6 +210,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
                           *["-" if gaps[c]["gap_closed"] is None else f"{100 * gaps[c]['gap_closed']:.0f}%"
                             for c in caps])
         out.print(table)
+    where = _where_generated(sources)
+    if where:
+        out.print(where)
     if args.plot:
         out.print(f"plot written to {args.plot}")
     return 0
@@ -210,23 +246,30 @@ def _add_trace_args(p: argparse.ArgumentParser, many: bool) -> None:
 
 
 def _policy_list(text: str) -> list[str]:
-    return [p.strip() for p in text.split(",") if p.strip()]
+    names = [p.strip() for p in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated policy names, got {text!r}")
+    return list(dict.fromkeys(names))
 
 
 def _capacity_list(text: str):
     if text == "auto":
         return "auto"
-    try:
-        values = sorted({int(part) for part in text.split(",") if part.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"capacities must be comma-separated integers or 'auto', got {text!r}") from None
-    if not values or values[0] <= 0:
-        raise argparse.ArgumentTypeError(f"capacities must be positive, got {text!r}")
-    return values
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise argparse.ArgumentTypeError(
+            f"expected 'auto' or comma-separated positive block counts, got {text!r}")
+    return sorted({int(part) for part in parts})
+
+
+def _policy_help() -> str:
+    from .policies import available_policies
+
+    return ", ".join(available_policies())
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prefixkv", description=__doc__)
+    parser = argparse.ArgumentParser(prog="prefixkv", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="KV bytes per token/block and how many requests fit in a pool",
@@ -238,29 +281,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=SEED_MODEL["dtype"])
     p.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree")
     p.add_argument("--block-size", type=_positive_int, default=16)
-    p.add_argument("--pool", type=_size, default=parse_size("24GiB"), help="KV pool bytes, e.g. 24GiB")
+    p.add_argument("--pool", type=_positive_size, default=parse_size("24GiB"), help="KV pool bytes, e.g. 24GiB")
     p.add_argument("--prompt-tokens", type=_positive_int, default=4097)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("lab", help="the small-pool lab: tail waste, COW, release and leak checks")
+    p = sub.add_parser("lab", help="the small-pool lab: tail waste, COW, release and leak checks",
+                       description="Place sequences of the given lengths in a small pool and print the block "
+                                   "table arithmetic (blocks, slots, useful slots, tail waste), then run the "
+                                   "copy-on-write, release, failed-COW and leak checks against the real manager.")
     p.add_argument("--block-size", type=_positive_int, default=16)
-    p.add_argument("--lengths", type=_lengths, default=[17, 32, 63])
+    p.add_argument("--lengths", type=_lengths, default=[17, 32, 63],
+                   help="comma-separated sequence lengths in tokens (default 17,32,63)")
     p.add_argument("--bytes-per-token", type=_size, default=parse_size("128KiB"),
                    help="to express tail waste in bytes (default: the seed model's 128 KiB)")
     p.set_defaults(func=cmd_lab)
 
     p = sub.add_parser("replay", help="replay a trace through the real manager with one policy and capacity")
     _add_trace_args(p, many=False)
-    p.add_argument("--policy", default="lru")
+    p.add_argument("--policy", default="lru", help=f"eviction policy (default lru): {_policy_help()}")
     p.add_argument("--capacity", type=_positive_int, required=True, help="cache capacity in blocks")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("compare", help="sweep policies x capacities against the offline optimum (MIN)",
                        description="With no arguments: every registered policy on the built-in generated "
-                                   "workload at capacities of 1-50%% of its distinct blocks.")
+                                   "workload at capacities of 1-50% of its distinct blocks.")
     _add_trace_args(p, many=True)
-    p.add_argument("--policies", type=_policy_list, default=None, help="comma-separated; default: all")
+    p.add_argument("--policies", type=_policy_list, default=None,
+                   help=f"comma-separated; default: all of {_policy_help()}")
     p.add_argument("--capacities", type=_capacity_list, default="auto",
                    help="comma-separated block counts, or 'auto' (1-50%% of the distinct blocks)")
     p.add_argument("--plot", metavar="FILE.png", help="write hit rate against capacity")
@@ -287,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, OSError, RuntimeError) as exc:
+    except (PrefixKVError, ValueError, OSError, RuntimeError) as exc:
         parser.exit(2, f"prefixkv {args.command}: error: {exc}\n")
 
 

@@ -18,10 +18,16 @@ class OutOfBlocks(PrefixKVError):
     def __init__(self, needed: int, available: int, what: str = "allocation") -> None:
         self.needed = needed
         self.available = available
+        self.what = what
         super().__init__(
             f"{what} needs {needed} free block(s) but only {available} can be freed "
             f"(uncached free + evictable cached)"
         )
+
+    def __reduce__(self):
+        # Rebuild from the constructor's arguments, so the error crosses process boundaries
+        # (a worker's exception is pickled back to the parent) with its message and fields.
+        return type(self), (self.needed, self.available, self.what)
 
 
 class SequenceTooLong(OutOfBlocks):
@@ -34,16 +40,34 @@ class SequenceTooLong(OutOfBlocks):
             f"{what} needs {needed} block(s) but the pool only has {capacity} in total",
         )
 
+    def __reduce__(self):
+        return type(self), (self.needed, self.capacity, self.what)
+
 
 class UnknownSequence(PrefixKVError, KeyError):
     """The sequence id is not held by the manager (never admitted, or already freed)."""
 
     def __init__(self, seq_id: object, hint: str = "") -> None:
         self.seq_id = seq_id
+        self.hint = hint
         super().__init__(f"unknown sequence {seq_id!r}{': ' + hint if hint else ''}")
+
+    def __reduce__(self):
+        return type(self), (self.seq_id, self.hint)
 
     def __str__(self) -> str:  # KeyError would repr() the message
         return str(self.args[0])
+
+
+class SequencePreempted(PrefixKVError, ValueError):
+    """The sequence is preempted (its blocks were given back): resume it before using it."""
+
+    def __init__(self, seq_id: object) -> None:
+        self.seq_id = seq_id
+        super().__init__(f"sequence {seq_id!r} is preempted; resume it first")
+
+    def __reduce__(self):
+        return type(self), (self.seq_id,)
 
 
 class DuplicateSequence(PrefixKVError, ValueError):
@@ -52,6 +76,9 @@ class DuplicateSequence(PrefixKVError, ValueError):
     def __init__(self, seq_id: object) -> None:
         self.seq_id = seq_id
         super().__init__(f"sequence {seq_id!r} already exists; free it first or pick another id")
+
+    def __reduce__(self):
+        return type(self), (self.seq_id,)
 
 
 class InvalidTokens(PrefixKVError, ValueError):

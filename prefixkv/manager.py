@@ -25,7 +25,7 @@ from typing import Hashable, Iterable, Sequence
 import numpy as np
 
 from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidTokens, InvariantViolation,
-                     OutOfBlocks, SequenceTooLong, UnknownSequence)
+                     OutOfBlocks, SequencePreempted, SequenceTooLong, UnknownSequence)
 from .events import KVEvent
 from .hashing import NO_EXTRA_KEYS, TOKEN_TYPECODE, BlockHasher, ExtraKeys, as_hash_list, encode_tokens
 from .policies import make_policy
@@ -75,7 +75,29 @@ class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, *, policy="lru", hash_seed: int | None = None,
                  hash_algorithm: str = "xxh3_128", verify: bool = False, record_events: bool = False,
                  enable_caching: bool = True, num_host_blocks: int = 0) -> None:
+        """A pool of ``num_blocks`` blocks of ``block_size`` token slots.
+
+        * ``policy``: an eviction policy name (``prefixkv.policies.available_policies()``:
+          ``"lru"`` by default) or a policy object. ``"belady"`` is refused by name: it needs
+          the future, which only a trace replayer (``prefixkv.replay``) can feed it.
+        * ``hash_seed``: pins the root of the block-hash chain, so hashes are reproducible
+          across processes (workers behind one router, replays); ``None`` draws one per process.
+        * ``hash_algorithm``: ``"xxh3_128"`` (default) or ``"xxh3_64"``.
+        * ``verify``: keep each cached block's tokens and treat a hash collision as a miss.
+        * ``record_events``: keep KV events (stored / removed / cleared) for ``drain_events``.
+        * ``enable_caching``: ``False`` turns prefix caching off (no hashes, no hits).
+        * ``num_host_blocks``: host-memory blocks for ``swap_out`` / ``swap_in`` (0: no swapping).
+        """
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        if isinstance(num_host_blocks, bool) or not isinstance(num_host_blocks, int):
+            raise TypeError(f"num_host_blocks must be an int, got {type(num_host_blocks).__name__}")
         if isinstance(policy, str):
+            if policy == "belady":
+                raise ValueError("the belady policy (MIN) needs every block's next use, which only a trace "
+                                 "replay knows: use prefixkv.replay / `prefixkv replay`, or pass a "
+                                 "BeladyPolicy object you feed through set_next_use")
             policy = make_policy(policy)
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -120,8 +142,13 @@ class KVCacheManager:
 
     def _as_prompt(self, prompt) -> Prompt:
         if isinstance(prompt, Prompt):
-            if prompt.hasher is not self.hasher:
-                raise ValueError("this prompt was prepared by another manager (its hashes differ)")
+            theirs, ours = prompt.hasher, self.hasher
+            if theirs is not ours and (theirs.block_size, theirs.algorithm, theirs.seed) != (
+                    ours.block_size, ours.algorithm, ours.seed):
+                raise ValueError(
+                    "this prompt was hashed for another manager: block size / algorithm / seed "
+                    f"{theirs.block_size} / {theirs.algorithm} / {theirs.seed} here "
+                    f"{ours.block_size} / {ours.algorithm} / {ours.seed}; prepare it with this manager's prompt()")
             return prompt
         return self.prompt(prompt)
 
@@ -671,5 +698,5 @@ class KVCacheManager:
     def _running(self, seq_id: Hashable) -> _Sequence:
         seq = self._get(seq_id)
         if seq.preempted:
-            raise UnknownSequence(seq_id, "it is preempted; resume it first")
+            raise SequencePreempted(seq_id)
         return seq

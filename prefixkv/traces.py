@@ -110,6 +110,9 @@ class TraceFormatError(PrefixKVError, ValueError):
         self.problem = problem
         super().__init__(f"{self.path}:{line}: {problem}")
 
+    def __reduce__(self):  # picklable: compare's worker processes send it back to the parent
+        return type(self), (self.path, self.line, self.problem)
+
 
 @dataclass(slots=True)
 class TraceRequest:
@@ -634,6 +637,11 @@ def write_token_trace(path: str | os.PathLike, requests: Iterable[TraceRequest],
     if meta:
         header.update((k, v) for k, v in meta.items() if k not in header)
     dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+    parent = path.parent
+    if not parent.is_dir():
+        raise FileNotFoundError(f"cannot write {path}: directory {parent} does not exist")
+    if path.is_dir():
+        raise IsADirectoryError(f"cannot write {path}: it is a directory")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     last_ts = -math.inf
     try:

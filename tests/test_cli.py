@@ -39,6 +39,12 @@ def test_plan_tp_json(capsys):
     (["plan", "--block-size", "0"], "positive"),
     (["plan", "--tp", "3"], "split evenly"),
     (["lab", "--lengths", "1,x"], "comma-separated"),
+    (["plan", "--pool", "0"], "expected a size above zero, got '0'"),
+    (["replay", "--capacity", "abc"], "--capacity: expected a positive integer, got 'abc'"),
+    (["replay", "--capacity", "10", "--warmup", "x"], "expected a fraction in [0, 1), got 'x'"),
+    (["compare", "--policies", ","], "expected comma-separated policy names"),
+    (["compare", "--capacities", "1000,,4000"], "comma-separated positive block counts, got '1000,,4000'"),
+    (["workload", "--out", "/nonexistent-dir/x.jsonl"], "directory /nonexistent-dir does not exist"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_message(capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
@@ -107,6 +113,39 @@ def test_compare_table_json_and_plot(capsys, tmp_path):
     for c in (100, 400):
         assert rates[("belady", c)] >= rates[("lru", c)] and rates[("belady", c)] >= rates[("fifo", c)]
     assert {row["capacity"] for row in d["summary"]} == {100, 400}
+
+
+def test_compare_names_a_bad_trace_line_from_worker_processes(capsys, tmp_path):
+    # The error is raised in a worker process and pickled back: it must keep its file:line message.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
+                   '{"timestamp": 1, "input_length": 10 "output_length": 1}\n')
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", "--trace", str(bad), "--capacities", "10,20", "--policies", "lru,fifo", "--workers", "2"])
+    assert exc.value.code == 2
+    assert "bad.jsonl:2: bad JSON" in capsys.readouterr().err
+
+
+def test_replay_text_prints_rates_as_percentages_and_the_generated_file(capsys):
+    code, out = run(capsys, "replay", "--capacity", "500")
+    assert code == 0
+    assert "trace file " in out and "prefixkv-default-" in out
+    rate_line = next(line for line in out.splitlines() if "block_hit_rate" in line)
+    value = float(rate_line.split()[1])
+    assert rate_line.rstrip().endswith("%") and 1.0 < value < 100.0
+
+
+def test_help_lists_the_policies_and_has_no_markup(capsys):
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    out = capsys.readouterr().out
+    assert "lrfu" in out and "belady" in out and "s3fifo" in out
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    assert "%%" not in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "``" not in capsys.readouterr().out
 
 
 def test_compare_text_table(capsys):

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from prefixkv import (AllBlocksCleared, BlockRemoved, BlockStored, CacheBusy, DuplicateSequence, HashMismatch,
+from prefixkv import (AllBlocksCleared, BlockRemoved, BlockStored, CacheBusy, DuplicateSequence, HashMismatch, SequencePreempted,
                       InvalidTokens, KVCacheManager, KVSpec, OutOfBlocks, SequenceTooLong, UnknownSequence)
 from prefixkv.slotstore import SlotStore
 
@@ -78,8 +78,8 @@ def test_salted_tenants_never_share_and_adapter_equal_to_salt_does_not_collide()
     assert all(tables[i].isdisjoint(tables[j]) for i in range(4) for j in range(i + 1, 4))
 
 
-def test_prompt_from_another_manager_is_refused():
-    a, b = make(), make()
+def test_prompt_hashed_differently_is_refused():
+    a, b = make(hash_seed=0), make(hash_seed=1)
     with pytest.raises(ValueError, match="another manager"):
         b.admit("x", a.prompt([1, 2, 3]))
 
@@ -235,7 +235,7 @@ def test_preempt_and_resume_do_not_count_hits():
     mgr.admit("a", list(range(10)))
     assert mgr.preempt("a") == 10
     assert mgr.is_preempted("a") and mgr.stats().active_blocks == 0
-    with pytest.raises(UnknownSequence, match="preempted"):
+    with pytest.raises(SequencePreempted, match="preempted"):
         mgr.append("a", [1])
     assert mgr.resume("a") == 2            # two cached blocks reused, the tail recomputed
     s = mgr.stats()

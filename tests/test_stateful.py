@@ -9,7 +9,7 @@ never expose another sequence's (or a stale) content.
 
 Besides the content check, the machine asserts:
 
-* every failing action (OutOfBlocks / SequenceTooLong / UnknownSequence /
+* every failing action (OutOfBlocks / SequenceTooLong / UnknownSequence / SequencePreempted /
   DuplicateSequence / CacheBusy / ValueError) leaves ``snapshot()`` exactly as
   it was, and is only raised when justified;
 * ``match`` is read-only and predicts ``admit`` (hit tokens, fits, free blocks
@@ -39,7 +39,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from prefixkv import (AllBlocksCleared, BlockRemoved, BlockStored, CacheBusy, DuplicateSequence,
-                      KVCacheManager, OutOfBlocks, SequenceTooLong, UnknownSequence)
+                      KVCacheManager, OutOfBlocks, SequencePreempted, SequenceTooLong,
+                      UnknownSequence)
 from prefixkv.slotstore import SlotStore
 
 VOCAB = 6
@@ -432,14 +433,15 @@ class KVCacheMachine(RuleBasedStateMachine):
             refused(UnknownSequence, mgr.resume, seq_id)
             refused(UnknownSequence, mgr.swap_in, seq_id)
             refused(UnknownSequence, mgr.num_tokens, seq_id)
-        refused(UnknownSequence, mgr.append, seq_id, [1])
-        refused(UnknownSequence, mgr.append_token, seq_id, 1)
-        refused(UnknownSequence, mgr.decode_step, [seq_id], [1])
-        refused(UnknownSequence, mgr.slot_mapping, seq_id)
-        refused(UnknownSequence, mgr.blocks_needed_to_append, seq_id, 1)
-        refused(UnknownSequence, mgr.preempt, seq_id)
-        refused(UnknownSequence, mgr.swap_out, seq_id)
-        refused(UnknownSequence, mgr.fork, seq_id, self.new_id())
+        not_running = SequencePreempted if seq_id in self.model else UnknownSequence
+        refused(not_running, mgr.append, seq_id, [1])
+        refused(not_running, mgr.append_token, seq_id, 1)
+        refused(not_running, mgr.decode_step, [seq_id], [1])
+        refused(not_running, mgr.slot_mapping, seq_id)
+        refused(not_running, mgr.blocks_needed_to_append, seq_id, 1)
+        refused(not_running, mgr.preempt, seq_id)
+        refused(not_running, mgr.swap_out, seq_id)
+        refused(not_running, mgr.fork, seq_id, self.new_id())
 
     @precondition(lambda self: self.mgr is not None and self.mgr.pool.num_cached)
     @rule(preempt_running=st.booleans())

@@ -1,0 +1,61 @@
+"""Typed errors keep their message and fields across pickling (process pools send them back)."""
+
+import pickle
+
+import pytest
+
+from prefixkv import (DuplicateSequence, KVCacheManager, OutOfBlocks, SequencePreempted, SequenceTooLong,
+                      UnknownSequence)
+from prefixkv.console import OFF_TERMINAL_WIDTH, make_console
+from prefixkv.traces import TraceFormatError
+
+
+@pytest.mark.parametrize("error,fields", [
+    (OutOfBlocks(5, 2, "admission"), ("needed", "available")),
+    (SequenceTooLong(90, 64, "request 'r'"), ("needed", "capacity")),
+    (UnknownSequence("s", "never admitted or already freed"), ("seq_id",)),
+    (SequencePreempted("s"), ("seq_id",)),
+    (DuplicateSequence("s"), ("seq_id",)),
+    (TraceFormatError("trace.jsonl", 7, "missing field 'hash_ids'"), ("path", "line", "problem")),
+])
+def test_errors_survive_pickling(error, fields):
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is type(error)
+    assert str(copy) == str(error)
+    for name in fields:
+        assert getattr(copy, name) == getattr(error, name)
+
+
+def test_a_preempted_sequence_is_not_reported_unknown():
+    mgr = KVCacheManager(8, 4, hash_seed=0)
+    mgr.admit("a", list(range(6)))
+    mgr.preempt("a")
+    with pytest.raises(SequencePreempted, match="'a' is preempted; resume it first") as exc:
+        mgr.append("a", [1])
+    assert not isinstance(exc.value, KeyError)
+
+
+@pytest.mark.parametrize("args,message", [((2.5, 16), "num_blocks must be an int, got float 2.5"),
+                                          ((8, "16"), "block_size must be an int, got str '16'")])
+def test_manager_refuses_non_integer_sizes(args, message):
+    with pytest.raises(TypeError, match=message):
+        KVCacheManager(*args)
+
+
+def test_manager_refuses_belady_by_name():
+    with pytest.raises(ValueError, match="only a trace replay knows"):
+        KVCacheManager(8, 4, policy="belady")
+
+
+def test_prompts_move_between_managers_with_the_same_hashing_only():
+    a, b = KVCacheManager(8, 4, hash_seed=1), KVCacheManager(8, 4, hash_seed=1)
+    prompt = a.prompt(list(range(9)))
+    assert b.admit("x", prompt) == 0 and b.admit("y", prompt) == 8
+    other = KVCacheManager(8, 4, hash_seed=2)
+    with pytest.raises(ValueError, match="4 / xxh3_128 / 1 here 4 / xxh3_128 / 2"):
+        other.admit("x", prompt)
+
+
+def test_off_terminal_console_is_wide():
+    console = make_console()
+    assert not console.is_terminal and console.width >= OFF_TERMINAL_WIDTH
