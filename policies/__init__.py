@@ -1,6 +1,8 @@
 """Eviction policies, chosen by name.
 
-``make_policy("lru")`` builds one (keyword options go to the class);
+``make_policy("lru")`` builds one (keyword options go to the class, or come in
+the name: ``make_policy("lrfu:half_life=4:ghost=1")``, so a command line can
+sweep settings);
 ``register("name")`` adds a class, and third-party packages can add theirs
 through the ``prefixkv.policies`` entry point group (the entry point loads the
 class; its key is the registry name; a built-in name always wins).
@@ -13,6 +15,8 @@ any of them to pin or prioritise blocks.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import warnings
 from importlib.metadata import entry_points
 from typing import Callable
@@ -85,6 +89,10 @@ class PolicyRegistry:
         return sorted(self._factories)
 
     def make(self, name: str, **options) -> EvictionPolicy:
+        """Build a policy by name; ``"name:key=value:key=value"`` carries options in the name."""
+        if ":" in name:
+            name, spec_options = parse_policy_spec(name)
+            options = {**spec_options, **options}
         if name not in self._factories:
             self._load_entry_points()
         try:
@@ -93,7 +101,53 @@ class PolicyRegistry:
             raise ValueError(
                 f"unknown eviction policy {name!r}; available: {', '.join(self.names())}"
             ) from None
-        return factory(**options)
+        if not options:
+            return factory()
+        _check_options(name, factory, options)
+        try:
+            return factory(**options)
+        except (TypeError, ValueError) as exc:
+            shown = ":".join(f"{k}={v!r}" for k, v in options.items())
+            raise ValueError(f"eviction policy {name!r} with {shown}: {exc}") from exc
+
+
+def parse_policy_spec(spec: str) -> tuple[str, dict]:
+    """``"lrfu:half_life=4:ghost=1"`` -> ``("lrfu", {"half_life": 4, "ghost": 1})``.
+
+    Values are Python literals (numbers, ``True``/``False``/``None``, also
+    lower-case ``true``/``false``/``none``), anything else a string.
+    """
+    name, *parts = spec.split(":")
+    options: dict = {}
+    for part in parts:
+        key, sep, text = part.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise ValueError(f"bad policy option {part!r} in {spec!r}: expected key=value, "
+                             f"as in 'lrfu:half_life=4:ghost=1'")
+        if key in options:
+            raise ValueError(f"policy option {key!r} given twice in {spec!r}")
+        text = text.strip()
+        lowered = {"true": "True", "false": "False", "none": "None"}.get(text, text)
+        try:
+            options[key] = ast.literal_eval(lowered)
+        except (ValueError, SyntaxError):
+            options[key] = text
+    return name.strip(), options
+
+
+def _check_options(name: str, factory, options: dict) -> None:
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a factory without a signature: let it judge
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = [k for k, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    unknown = [k for k in options if k not in accepted]
+    if unknown:
+        raise ValueError(f"eviction policy {name!r} has no option {', '.join(map(repr, unknown))}; "
+                         f"its options: {', '.join(accepted) or 'none'}")
 
 
 REGISTRY = PolicyRegistry(_BUILTIN)
@@ -120,5 +174,6 @@ __all__ = [
     "REGISTRY",
     "register",
     "make_policy",
+    "parse_policy_spec",
     "available_policies",
 ]

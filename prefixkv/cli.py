@@ -161,15 +161,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     from .compare import auto_capacities, gap_summary, plot, sweep
     from .console import make_console
-    from .policies import available_policies
+    from .policies import available_policies, make_policy
 
     # LRU first (the baseline), MIN last (the bound), the rest by name.
     policies = args.policies or sorted(available_policies(),
                                        key=lambda p: (p != "lru", p == "belady", p))
-    unknown = [p for p in policies if p not in available_policies()]
+    unknown = [p for p in policies if p.partition(":")[0] not in available_policies()]
     if unknown:
         raise ValueError(f"unknown polic{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
                          f"available: {', '.join(available_policies())}")
+    for spec in policies:  # bad options stop here, before any worker starts
+        make_policy(spec)
     sources = _trace_sources(args)
     capacities = {s.label: (auto_capacities(s.load()) if args.capacities == "auto" else args.capacities)
                   for s in sources}
@@ -299,7 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("replay", help="replay a trace through the real manager with one policy and capacity")
     _add_trace_args(p, many=False)
-    p.add_argument("--policy", default="lru", help=f"eviction policy (default lru): {_policy_help()}")
+    p.add_argument("--policy", default="lru",
+                   help=f"eviction policy (default lru): {_policy_help()}; options after colons, "
+                        "e.g. lrfu:half_life=4:ghost=1")
     p.add_argument("--capacity", type=_positive_int, required=True, help="cache capacity in blocks")
     p.set_defaults(func=cmd_replay)
 
@@ -308,7 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "workload at capacities of 1-50% of its distinct blocks.")
     _add_trace_args(p, many=True)
     p.add_argument("--policies", type=_policy_list, default=None,
-                   help=f"comma-separated; default: all of {_policy_help()}")
+                   help=f"comma-separated; default: all of {_policy_help()}. A policy can carry options, "
+                        "so one sweep compares settings: lru,lrfu,lrfu:half_life=4:ghost=1")
     p.add_argument("--capacities", type=_capacity_list, default="auto",
                    help="comma-separated block counts, or 'auto' (1-50%% of the distinct blocks)")
     p.add_argument("--plot", metavar="FILE.png", help="write hit rate against capacity")
@@ -335,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # `prefixkv ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (PrefixKVError, ValueError, OSError, RuntimeError) as exc:
         parser.exit(2, f"prefixkv {args.command}: error: {exc}\n")
 

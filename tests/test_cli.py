@@ -153,6 +153,20 @@ def test_compare_text_table(capsys):
     assert code == 0 and "lru" in out and "fifo" in out and "200" in out
 
 
+def test_compare_sweeps_policy_settings(capsys):
+    code, out = run(capsys, "compare", "--policies", "lru,lrfu:half_life=1,lrfu:half_life=8", "--capacities",
+                    "200", "--workers", "1", "--json")
+    rates = {r["policy"]: r["block_hit_rate"] for r in json.loads(out)["results"]}
+    assert code == 0 and set(rates) == {"lru", "lrfu:half_life=1", "lrfu:half_life=8"}
+    assert rates["lrfu:half_life=1"] != rates["lrfu:half_life=8"]
+
+
+def test_compare_refuses_a_bad_policy_option_before_running(capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--policies", "lru,lrfu:nope=1"])
+    assert "'lrfu' has no option 'nope'" in capsys.readouterr().err
+
+
 def test_compare_unknown_policy(capsys):
     with pytest.raises(SystemExit):
         main(["compare", "--policies", "lru,nope"])

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -111,3 +113,28 @@ def test_third_party_policy_through_an_entry_point(tmp_path, monkeypatch):
     for block in (1, 2, 3):
         policy.on_released(block)
     assert policy.evict() == 3
+
+
+def test_policy_specs_carry_options():
+    from prefixkv.policies import parse_policy_spec
+
+    assert parse_policy_spec("lrfu:half_life=4:ghost=0.5:leaf_penalty=false:reuse_distance=none") == (
+        "lrfu", {"half_life": 4, "ghost": 0.5, "leaf_penalty": False, "reuse_distance": None})
+    policy = make_policy("lrfu:half_life=4:leaf_penalty=False")
+    assert (policy.half_life, policy.leaf_penalty) == (4, False)
+    assert make_policy("workload:by_depth=true").by_depth is True
+    # keyword options given beside a spec win over the spec's
+    assert make_policy("lrfu:half_life=4", half_life=8).half_life == 8
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("lrfu:halflife=4", "has no option 'halflife'; its options: half_life, ghost"),
+    ("lrfu:half_life", "expected key=value"),
+    ("lrfu:half_life=1:half_life=2", "given twice"),
+    ("lrfu:half_life=-1", "eviction policy 'lrfu' with half_life=-1: need half_life"),
+    ("lru:size=3", "'lru' has no option 'size'; its options: none"),
+    ("nope:x=1", "unknown eviction policy 'nope'"),
+])
+def test_bad_policy_specs_say_what_is_wrong(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make_policy(spec)
