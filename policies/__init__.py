@@ -24,6 +24,7 @@ from typing import Callable
 from .arc import ARCPolicy
 from .base import EvictionPolicy, PolicyBase
 from .belady import BeladyPolicy
+from .check import PolicyCheckFailed, PolicyReport, check_policy
 from .fifo import FIFOPolicy
 from .gdsf import GDSFPolicy
 from .leaf_lru import LeafLRUPolicy
@@ -175,5 +176,8 @@ __all__ = [
     "register",
     "make_policy",
     "parse_policy_spec",
+    "check_policy",
+    "PolicyCheckFailed",
+    "PolicyReport",
     "available_policies",
 ]
