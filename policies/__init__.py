@@ -91,6 +91,7 @@ class PolicyRegistry:
 
     def make(self, name: str, **options) -> EvictionPolicy:
         """Build a policy by name; ``"name:key=value:key=value"`` carries options in the name."""
+        spec_options: dict = {}
         if ":" in name:
             name, spec_options = parse_policy_spec(name)
             options = {**spec_options, **options}
@@ -102,9 +103,9 @@ class PolicyRegistry:
             raise ValueError(
                 f"unknown eviction policy {name!r}; available: {', '.join(self.names())}"
             ) from None
-        if not options:
-            return factory()
-        _check_options(name, factory, options)
+        if not spec_options:  # keyword options fail as any call does (TypeError for a wrong name)
+            return factory(**options)
+        _check_options(name, factory, spec_options)
         try:
             return factory(**options)
         except (TypeError, ValueError) as exc:

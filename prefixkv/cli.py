@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
+from .argtypes import fraction, positive_int, positive_size, size
 from .errors import PrefixKVError
 from .sizing import KVSpec, format_size, parse_size, plan
 
@@ -17,30 +17,6 @@ DESCRIPTION = ("prefixkv: a prefix-caching, paged KV-cache store. Size a pool (p
 
 # The design notes' teaching model: a Llama-3-8B-like KV layout.
 SEED_MODEL = dict(layers=32, kv_heads=8, head_dim=128, dtype="bfloat16")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _positive_size(text: str) -> int:
-    value = _size(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a size above zero, got {text!r}")
-    return value
 
 
 def _lengths(text: str) -> list[int]:
@@ -108,16 +84,6 @@ def _trace_sources(args: argparse.Namespace):
         label = os.path.basename(os.path.normpath(item)) or item
         sources.append(TraceSource(label, (item,), args.format))
     return sources
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
-    return value
 
 
 def _where_generated(sources) -> str | None:
@@ -243,7 +209,7 @@ def _add_trace_args(p: argparse.ArgumentParser, many: bool) -> None:
     p.add_argument("--workload", default="default", choices=sorted(BUILTIN_WORKLOADS),
                    help="built-in workload used when no --trace is given")
     p.add_argument("--mode", default="cache", choices=["cache", "concurrent"])
-    p.add_argument("--warmup", type=_fraction, default=0.0, help="fraction of requests excluded from measurement")
+    p.add_argument("--warmup", type=fraction, default=0.0, help="fraction of requests excluded from measurement")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -277,14 +243,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="KV bytes per token/block and how many requests fit in a pool",
                        description="Size a KV pool. Defaults: the design notes' model (32 layers, "
                                    "8 KV heads x 128, bf16), block 16, 24 GiB, 4,097-token requests.")
-    p.add_argument("--layers", type=_positive_int, default=SEED_MODEL["layers"])
-    p.add_argument("--kv-heads", type=_positive_int, default=SEED_MODEL["kv_heads"])
-    p.add_argument("--head-dim", type=_positive_int, default=SEED_MODEL["head_dim"])
+    p.add_argument("--layers", type=positive_int, default=SEED_MODEL["layers"])
+    p.add_argument("--kv-heads", type=positive_int, default=SEED_MODEL["kv_heads"])
+    p.add_argument("--head-dim", type=positive_int, default=SEED_MODEL["head_dim"])
     p.add_argument("--dtype", default=SEED_MODEL["dtype"])
-    p.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel degree")
-    p.add_argument("--block-size", type=_positive_int, default=16)
-    p.add_argument("--pool", type=_positive_size, default=parse_size("24GiB"), help="KV pool bytes, e.g. 24GiB")
-    p.add_argument("--prompt-tokens", type=_positive_int, default=4097)
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel degree")
+    p.add_argument("--block-size", type=positive_int, default=16)
+    p.add_argument("--pool", type=positive_size, default=parse_size("24GiB"), help="KV pool bytes, e.g. 24GiB")
+    p.add_argument("--prompt-tokens", type=positive_int, default=4097)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_plan)
 
@@ -292,10 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Place sequences of the given lengths in a small pool and print the block "
                                    "table arithmetic (blocks, slots, useful slots, tail waste), then run the "
                                    "copy-on-write, release, failed-COW and leak checks against the real manager.")
-    p.add_argument("--block-size", type=_positive_int, default=16)
+    p.add_argument("--block-size", type=positive_int, default=16)
     p.add_argument("--lengths", type=_lengths, default=[17, 32, 63],
                    help="comma-separated sequence lengths in tokens (default 17,32,63)")
-    p.add_argument("--bytes-per-token", type=_size, default=parse_size("128KiB"),
+    p.add_argument("--bytes-per-token", type=size, default=parse_size("128KiB"),
                    help="to express tail waste in bytes (default: the seed model's 128 KiB)")
     p.set_defaults(func=cmd_lab)
 
@@ -304,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="lru",
                    help=f"eviction policy (default lru): {_policy_help()}; options after colons, "
                         "e.g. lrfu:half_life=4:ghost=1")
-    p.add_argument("--capacity", type=_positive_int, required=True, help="cache capacity in blocks")
+    p.add_argument("--capacity", type=positive_int, required=True, help="cache capacity in blocks")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("compare", help="sweep policies x capacities against the offline optimum (MIN)",
@@ -317,14 +283,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capacities", type=_capacity_list, default="auto",
                    help="comma-separated block counts, or 'auto' (1-50%% of the distinct blocks)")
     p.add_argument("--plot", metavar="FILE.png", help="write hit rate against capacity")
-    p.add_argument("--workers", type=_positive_int, default=None, help="processes (default: CPU count)")
+    p.add_argument("--workers", type=positive_int, default=None, help="processes (default: CPU count)")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("workload", help="write a seeded synthetic workload as a token trace file")
     from .workloads import BUILTIN_WORKLOADS
     p.add_argument("--name", default="default", choices=sorted(BUILTIN_WORKLOADS))
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--requests", type=_positive_int, default=None)
+    p.add_argument("--requests", type=positive_int, default=None)
     p.add_argument("--out", required=True, help="output JSONL path")
     p.set_defaults(func=cmd_workload)
 

@@ -206,3 +206,178 @@ def test_cost_model_against_engine():
     assert row["block_size"] == 16
     for key in ("ttft_p50_s", "itl_p50_s", "makespan_s"):
         assert row[key]["engine"] > 0 and row[key]["cost_model"] > 0
+
+
+# -- review fixes: rejected requests, untruncated output, argument checks, errors, reserved failure ----
+
+def _rejecting_result(**kw):
+    """A 256-token pool (128 KiB at 512 B/token): mixed_trace's longest requests cannot fit at all."""
+    cfg = tiny_cfg(pool_bytes=128 * 1024, **kw)
+    return run_bench(mixed_trace(), cfg)
+
+
+def test_render_shows_rejected_requests(capsys):
+    from prefixkv.bench.report import render
+
+    result = _rejecting_result()
+    runs = [r.summary for r in result.runs]
+    assert all(r["rejected_too_long"] > 0 for r in runs)
+    assert all(r["completed"] + r["rejected_too_long"] == r["requests"] for r in runs)
+    render(result)
+    out = capsys.readouterr().out
+    assert "done / rejected" in out
+    for r in runs:
+        assert f"{r['completed']:,} / {r['rejected_too_long']:,}" in out
+    note = [line for line in out.splitlines() if "rejected" in line and "too long" in line]
+    assert len(note) == 1
+    if len({r["rejected_too_long"] for r in runs}) == 1:
+        assert f"{runs[0]['rejected_too_long']} of {len(mixed_trace())} requests rejected" in note[0]
+    else:
+        for r in runs:
+            assert f"B={r['block_size']}: {r['rejected_too_long']} of" in note[0]
+
+
+def test_render_no_rejection_note_when_all_complete(capsys):
+    from prefixkv.bench.report import render
+
+    render(run_bench(mixed_trace(), tiny_cfg()))
+    out = capsys.readouterr().out
+    assert "too long" not in out and f"{len(mixed_trace())} / 0" in out
+
+
+def test_render_off_terminal_is_not_truncated(capsys):
+    from prefixkv.bench.report import render
+    from prefixkv.console import make_console
+
+    # the notes' model on an 8 GiB pool: wide numbers (thousands of blocks, TTFTs in the thousands of ms)
+    result = run_bench(mixed_trace(60), BenchConfig(block_sizes=(4, 8, 16, 32, 64, 128), max_num_seqs=4),
+                       compare_reserved=True)
+    console = make_console()
+    assert not console.is_terminal
+    render(result, console)
+    explicit = capsys.readouterr().out
+    render(result)                                  # the default console is the same kind
+    default = capsys.readouterr().out
+    for out in (explicit, default):
+        assert "TTFT" in out and "reserved-max-length" in out
+        assert "…" not in out
+        assert f"{result.runs[0].summary['num_blocks']:,}" in out
+
+
+def test_cli_output_to_pipe_is_not_truncated(capsys):
+    assert bench_main(["--workload", "chat", "--requests", "25", "--block-sizes", "4,16,128",
+                       "--compare-reserved"]) == 0
+    out = capsys.readouterr().out
+    assert "done / rejected" in out and "…" not in out
+
+
+def _parse_bench_args(argv):
+    """Parse like ``bench_main`` without running the benchmark (a bad value must not reach it)."""
+    import argparse
+
+    from prefixkv.bench.cli import add_bench_command
+
+    parser = argparse.ArgumentParser(prog="prefixkv")
+    add_bench_command(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["bench", *argv])
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "0.0", "nan", "inf", "abc"])
+def test_cli_rejects_bad_rate_scale(capsys, value):
+    with pytest.raises(SystemExit) as exc:
+        _parse_bench_args(["--rate-scale", value, "--requests", "5"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --rate-scale: expected a positive number, got {value!r}" in err
+
+
+def test_cli_rate_scale_scales_arrivals(capsys):
+    argv = ["--workload", "chat", "--requests", "5", "--block-sizes", "16", "--pool", "256MiB", "--json"]
+    assert bench_main(argv + ["--rate-scale", "2.5"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["trace"]["rate_scale"] == 2.5 and doc["runs"][0]["completed"] == 5
+    assert _parse_bench_args(["--rate-scale", "0.5"]).rate_scale == 0.5
+
+
+@pytest.mark.parametrize("exc", [lambda: __import__("prefixkv.errors").errors.SequenceTooLong(10, 4),
+                                 lambda: __import__("prefixkv.errors").errors.OutOfBlocks(3, 1)])
+def test_cli_reports_prefixkv_errors(monkeypatch, capsys, exc):
+    import prefixkv.bench.runner as runner
+    from prefixkv.errors import PrefixKVError
+
+    error = exc()
+    assert isinstance(error, PrefixKVError) and not isinstance(error, (ValueError, RuntimeError))
+
+    def boom(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(runner, "run_bench", boom)
+    with pytest.raises(SystemExit) as info:
+        bench_main(["--workload", "chat", "--requests", "3", "--block-sizes", "16"])
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"prefixkv bench: error: {error}\n"
+    assert "Traceback" not in captured.err
+
+
+def test_reserved_failure_keeps_paged_results(capsys):
+    from prefixkv.bench.report import render
+
+    cfg = tiny_cfg(pool_bytes=128 * 1024)          # 256 tokens; the longest request is 403 tokens
+    longest = max(len(r.prompt) + r.max_new_tokens - 1 for r in prepare_trace(mixed_trace()))
+    assert longest > 256
+    result = run_bench(mixed_trace(), cfg, compare_reserved=True)
+    assert result.reserved is None and len(result.runs) == 2
+    msg = result.reserved_error
+    assert f"{longest:,} tokens" in msg and f"{longest * 512 / 1024:.2f} KiB" in msg   # the reservation
+    assert "128 KiB pool (256 tokens)" in msg                                          # the pool
+    assert "--reserve-tokens request" in msg and "--pool 1MiB" in msg                  # the fixes
+    doc = json.loads(to_json(result))
+    assert doc["reserved_error"] == msg and "reserved" not in doc and len(doc["runs"]) == 2
+    render(result)
+    out = capsys.readouterr().out
+    assert "TTFT" in out and "--reserve-tokens request" in out and "paged results above are complete" in out
+    # the suggested fix works
+    fixed = run_bench(mixed_trace(), cfg, compare_reserved=True, reserve_tokens="request")
+    assert fixed.reserved_error is None and fixed.reserved["reserved"]["completed"] > 0
+
+
+def test_cli_reserved_failure_exit_0(capsys):
+    argv = ["--workload", "chat", "--requests", "10", "--block-sizes", "16", "--pool", "256MiB",
+            "--compare-reserved", "--reserve-tokens", "1000000000"]
+    assert bench_main(argv + ["--json"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["runs"][0]["completed"] == 10 and "reserved" not in doc
+    assert "1,000,000,000 tokens" in doc["reserved_error"] and "256 MiB pool" in doc["reserved_error"]
+    assert "reserved baseline not run" in captured.err
+    assert bench_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "TTFT" in out and "reserved baseline not run" in out and "--reserve-tokens request" in out
+
+
+def test_reserved_last_arrivals_rejected_is_not_an_error():
+    cfg = tiny_cfg(pool_bytes=128 * 1024)
+    short = [TraceRequest(0.0, 20, 4, None, list(range(20)), [1, 2, 3, 4])]
+    long = [TraceRequest(1.0, 300, 4, None, list(range(300)), [1, 2, 3, 4])]     # arrives last, never fits
+    requests = prepare_trace(Trace(short + long, 16, "t", format="tokens"))
+    out = run_reserved(requests, cfg, reserve_tokens="request")
+    assert (out["completed"], out["rejected_too_long"]) == (1, 1)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--reserve-tokens", "foo"], "argument --reserve-tokens: expected max, request or a positive token count, "
+                                  "got 'foo'"),
+    (["--reserve-tokens", "0"], "argument --reserve-tokens: expected max, request or a positive token count, "
+                                "got '0'"),
+    (["--requests", "foo"], "argument --requests: expected a positive integer, got 'foo'"),
+    (["--requests", "-3"], "argument --requests: expected a positive integer, got '-3'"),
+    (["--max-seqs", "1.5"], "argument --max-seqs: expected a positive integer, got '1.5'"),
+])
+def test_cli_argument_errors_are_user_facing(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        _parse_bench_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "_reserve" not in err and "_positive" not in err and "invalid" not in err

@@ -6,21 +6,16 @@ Wire it with ``add_bench_command(subparsers)`` in ``prefixkv.cli.build_parser``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import sys
 
-from ..sizing import DTYPE_BYTES, KVSpec, parse_size
+from ..argtypes import positive_float, positive_int, positive_size, size
+from ..errors import PrefixKVError
+from ..sizing import DTYPE_BYTES, KVSpec
 
 # The real tiny model's KV layout (TinyLlamaConfig defaults) and a pool a CPU can hold.
 ENGINE_SPEC = KVSpec(layers=2, kv_heads=2, head_dim=16, dtype="float32")
 ENGINE_POOL = 16 * 2**20
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -31,13 +26,6 @@ def _sizes(text: str) -> tuple[int, ...]:
     if not values or values[0] <= 0:
         raise argparse.ArgumentTypeError(f"block sizes must be positive, got {text!r}")
     return values
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _model_spec(text: str) -> dict:
@@ -60,7 +48,10 @@ def _model_spec(text: str) -> dict:
 def _reserve(text: str):
     if text in ("max", "request"):
         return text
-    return _positive_int(text)
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected max, request or a positive token count, got {text!r}") from None
 
 
 def resolve_spec(args: argparse.Namespace) -> KVSpec:
@@ -113,8 +104,7 @@ def load_bench_trace(args: argparse.Namespace):
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from ..console import make_console
     from .report import render, to_json, write_plots
     from .runner import run_bench
 
@@ -122,7 +112,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     trace, label = load_bench_trace(args)
     if not trace.requests:
         raise ValueError("the trace has no requests")
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     status = None if args.json or not console.is_terminal else console.status("benchmarking")
     if status:
         status.start()
@@ -138,10 +128,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     paths = write_plots(result, args.plot) if args.plot else []
     if args.json:
         print(to_json(result))
+        if result.reserved_error is not None:
+            print(f"prefixkv bench: note: {result.reserved_error} The paged results are complete.",
+                  file=sys.stderr)
         return 0
     render(result)
+    out = make_console()
     for p in paths:
-        Console().print(f"wrote {p}")
+        out.print(f"wrote {p}")
     return 0
 
 
@@ -161,30 +155,30 @@ def add_bench_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--format", default="auto", choices=["auto", "mooncake", "kvcache-tester", "tokens"])
     p.add_argument("--workload", default="default", choices=sorted(BUILTIN_WORKLOADS),
                    help="built-in workload used when no --trace is given (written to a file first)")
-    p.add_argument("--requests", type=_positive_int, default=None, help="use the first N requests only")
-    p.add_argument("--rate-scale", type=float, default=1.0,
-                   help="multiply the arrival rate (timestamps / X) to load the system harder")
+    p.add_argument("--requests", type=positive_int, default=None, help="use the first N requests only")
+    p.add_argument("--rate-scale", type=positive_float, default=1.0,
+                   help="multiply the arrival rate (timestamps / X, X > 0) to load the system harder")
     p.add_argument("--block-sizes", type=_sizes, default=(4, 8, 16, 32, 64, 128))
-    p.add_argument("--pool", type=_size, default=None,
+    p.add_argument("--pool", type=positive_size, default=None,
                    help="KV pool bytes, the same for every block size (default 8GiB; engine: 16MiB)")
-    p.add_argument("--host-pool", type=_size, default=0, help="host swap space in bytes (default 0: recompute)")
+    p.add_argument("--host-pool", type=size, default=0, help="host swap space in bytes (default 0: recompute)")
     p.add_argument("--model-spec", type=_model_spec, default=None,
                    help="layers,kv_heads,head_dim[,dtype[,tp]] (default: the notes' 32,8,128,bfloat16; "
                         "engine: the tiny model's 2,2,16,float32)")
-    p.add_argument("--layers", type=_positive_int, default=None)
-    p.add_argument("--kv-heads", type=_positive_int, default=None)
-    p.add_argument("--head-dim", type=_positive_int, default=None)
+    p.add_argument("--layers", type=positive_int, default=None)
+    p.add_argument("--kv-heads", type=positive_int, default=None)
+    p.add_argument("--head-dim", type=positive_int, default=None)
     p.add_argument("--dtype", default=None, choices=sorted(DTYPE_BYTES))
-    p.add_argument("--tp", type=_positive_int, default=None, help="tensor-parallel degree")
+    p.add_argument("--tp", type=positive_int, default=None, help="tensor-parallel degree")
     p.add_argument("--policy", default="lru", help="eviction policy of the prefix cache")
-    p.add_argument("--max-batched-tokens", type=_positive_int, default=2048, help="scheduler token budget per step")
-    p.add_argument("--max-seqs", type=_positive_int, default=128, help="concurrency limit")
-    p.add_argument("--max-prefill-chunk", type=_positive_int, default=None)
+    p.add_argument("--max-batched-tokens", type=positive_int, default=2048, help="scheduler token budget per step")
+    p.add_argument("--max-seqs", type=positive_int, default=128, help="concurrency limit")
+    p.add_argument("--max-prefill-chunk", type=positive_int, default=None)
     p.add_argument("--executor", default="cost-model", choices=["cost-model", "engine"])
     p.add_argument("--cost-params", default=None,
                    help="profile name (h200, cpu-tiny) or a JSON/TOML file of cost parameters "
                         "(default: h200; engine: cpu-tiny)")
-    p.add_argument("--vocab", type=_positive_int, default=32_000,
+    p.add_argument("--vocab", type=positive_int, default=32_000,
                    help="token ids synthesised for hashed traces are drawn below this")
     p.add_argument("--compare-reserved", action="store_true",
                    help="also serve the trace with reserve-max-length allocation on the same memory")
@@ -203,10 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="prefixkv")
     sub = parser.add_subparsers(dest="command", required=True)
     add_bench_command(sub)
-    args = parser.parse_args(["bench", *(argv if argv is not None else __import__("sys").argv[1:])])
+    args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
     try:
         return args.func(args)
-    except (ValueError, OSError, RuntimeError) as exc:
+    except (PrefixKVError, ValueError, OSError, RuntimeError) as exc:
         parser.exit(2, f"prefixkv bench: error: {exc}\n")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from .runner import BenchResult
@@ -21,11 +22,35 @@ def _num(x, fmt=",.2f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def render(result: BenchResult, console=None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _done(r: dict) -> str:
+    return f"{r['completed']:,} / {r.get('rejected_too_long', 0):,}"
 
-    console = console or Console()
+
+def rejection_note(result: BenchResult) -> str | None:
+    """How many requests each block size rejected as too long for the whole pool (None: none)."""
+    runs = [run.summary for run in result.runs]
+    if not any(r["rejected_too_long"] for r in runs):
+        return None
+    total = result.trace["requests"]
+    counts = [r["rejected_too_long"] for r in runs]
+    if len(set(counts)) == 1:
+        which = f"{counts[0]:,} of {total:,} requests rejected at every block size"
+    else:
+        which = "requests rejected per block size: " + ", ".join(
+            f"B={r['block_size']}: {r['rejected_too_long']:,} of {total:,}" for r in runs)
+    caps = sorted({r["num_blocks"] * r["block_size"] for r in runs})
+    cap = f"{caps[0]:,}" if len(caps) == 1 else f"{caps[0]:,}-{caps[-1]:,}"
+    return (f"{which}: too long (prompt + output needs more KV than the whole pool holds, {cap} tokens); "
+            f"req/s, out tok/s, TTFT and ITL count completed requests only")
+
+
+def render(result: BenchResult, console=None) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..console import make_console
+
+    console = console or make_console()
     cfg = result.config
     tr = result.trace
     s = cfg.spec
@@ -34,15 +59,15 @@ def render(result: BenchResult, console=None) -> None:
              f"budget {cfg.max_num_batched_tokens} tokens, {cfg.max_num_seqs} seqs, policy {cfg.policy}, "
              f"executor {cfg.executor}" + (f" ({cfg.params.name})" if cfg.executor == "cost-model" else ""))
     table = Table(title=title)
-    for name in ("block", "blocks", "tail waste MiB\nmean / peak", "table len\nmean / max", "preempt",
-                 "TTFT ms\np50 / p99", "ITL ms\np50 / p99", "req/s", "out tok/s", "hit %",
-                 "active / cached / free\n% of pool (mean)", "running\nmean / max"):
+    for name in ("block", "blocks", "requests\ndone / rejected", "tail waste MiB\nmean / peak",
+                 "table len\nmean / max", "preempt", "TTFT ms\np50 / p99", "ITL ms\np50 / p99", "req/s",
+                 "out tok/s", "hit %", "active / cached / free\n% of pool (mean)", "running\nmean / max"):
         table.add_column(name, justify="right")
     for run in result.runs:
         r = run.summary
         u = r["usage_mean"]
         table.add_row(
-            str(r["block_size"]), f"{r['num_blocks']:,}",
+            str(r["block_size"]), f"{r['num_blocks']:,}", _done(r),
             f"{r['tail_waste_mib_mean']:,.1f} / {r['tail_waste_mib_peak']:,.1f}",
             f"{r['block_table_len_mean']:,.1f} / {r['block_table_len_max']:,}",
             f"{r['preemptions']:,}", f"{_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p99_s'])}",
@@ -51,11 +76,20 @@ def render(result: BenchResult, console=None) -> None:
             f"{100 * u['active']:.0f} / {100 * u['evictable']:.0f} / {100 * u['free']:.0f}",
             f"{r['concurrency_mean']:.1f} / {r['concurrency_max']}")
     console.print(table)
+    note = rejection_note(result)
+    if note:
+        console.print(Text(note, style="yellow"))
     if tr.get("synthesised_tokens"):
         console.print(f"[dim]hashed trace: token ids synthesised from hash ids (native block "
                       f"{tr['native_block_size']}); other block sizes change the sharing granularity[/dim]")
     if result.reserved is not None:
         render_reserved(result.reserved, console)
+    if result.reserved_error is not None:
+        # one sentence a line, so that a wrapped line does not split a flag from its value
+        for sentence in re.split(r"(?<=\.) ", result.reserved_error):
+            console.print(Text(sentence, style="yellow"))
+        console.print(Text("The paged results above are complete (exit status 0); only the reserved "
+                           "comparison is missing.", style="yellow"))
 
 
 def render_reserved(cmp: dict, console) -> None:
@@ -63,12 +97,12 @@ def render_reserved(cmp: dict, console) -> None:
 
     res = cmp["reserved"]
     table = Table(title=f"paged vs reserved-max-length (reserve {res['reserve_tokens']}), same trace and memory")
-    for name in ("allocator", "block", "running mean / max", "req/s", "out tok/s", "TTFT ms p50 / p99",
-                 "ITL ms p50 / p99", "hit %"):
+    for name in ("allocator", "block", "done / rejected", "running mean / max", "req/s", "out tok/s",
+                 "TTFT ms p50 / p99", "ITL ms p50 / p99", "hit %"):
         table.add_column(name, justify="right")
     rows = [*cmp["paged"], cmp["paged_no_cache"], {**res, "block_size": None}]
     for r in rows:
-        table.add_row(r["allocator"], "-" if r["block_size"] is None else str(r["block_size"]),
+        table.add_row(r["allocator"], "-" if r["block_size"] is None else str(r["block_size"]), _done(r),
                       f"{r['concurrency_mean']:.1f} / {r['concurrency_max']}", _num(r["completed_per_s"]),
                       _num(r["output_tokens_per_s"], ",.0f"), f"{_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p99_s'])}",
                       f"{_ms(r['itl_p50_s'])} / {_ms(r['itl_p99_s'])}", f"{100 * r['prefix_hit_rate']:.1f}")

@@ -23,7 +23,13 @@ from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
 from ..engine import SimulatedClock, percentile
+from ..sizing import format_size
 from .costmodel import CostModel, StepCounts
+
+
+class ReservedBaselineError(RuntimeError):
+    """The reserved baseline cannot serve the trace at all (e.g. one reservation is larger than the
+    whole pool). ``run_bench`` reports it next to the paged results instead of discarding them."""
 
 
 class ReservedAllocator:
@@ -122,13 +128,38 @@ def reservation_size(requests: Sequence, reserve_tokens: int | str) -> callable:
     raise ValueError(f"reserve_tokens must be 'max', 'request' or a positive int, got {reserve_tokens!r}")
 
 
+def _pool_flag(num_bytes: int) -> str:
+    """A ``--pool`` value of at least ``num_bytes``, rounded up to a whole GiB (MiB below 1 GiB)."""
+    unit, scale = ("GiB", 2**30) if num_bytes >= 2**30 else ("MiB", 2**20)
+    return f"--pool {-(-num_bytes // scale)}{unit}"
+
+
+def _nothing_fits(requests: Sequence, size_of, reserve_tokens: int | str, capacity: int, cfg) -> str:
+    """Why no request of the trace can be admitted: the reservation, the pool and the fix."""
+    need = min(size_of(r) for r in requests)
+    kv = f"{need:,} tokens = {format_size(need * cfg.spec.bytes_per_token)} of KV"
+    pool = f"the whole {format_size(cfg.pool_bytes)} pool ({capacity:,} tokens)"
+    if reserve_tokens == "request":
+        return (f"reserved baseline not run: even the shortest request reserves {kv}, more than {pool}. "
+                f"Use {_pool_flag(need * cfg.spec.bytes_per_token)} or more.")
+    what = ("with --reserve-tokens max every request reserves the trace's longest (prompt + output)"
+            if reserve_tokens == "max" else f"with --reserve-tokens {reserve_tokens} every request reserves")
+    return (f"reserved baseline not run: {what}, {kv}, more than {pool}. Use --reserve-tokens request "
+            f"(each request reserves its own length) or {_pool_flag(need * cfg.spec.bytes_per_token)} or more.")
+
+
 def run_reserved(requests: Sequence, cfg, *, reserve_tokens: int | str = "max") -> dict:
-    """Serve ``requests`` (``BenchRequest``) with reserve-max-length allocation; a summary dict."""
+    """Serve ``requests`` (``BenchRequest``) with reserve-max-length allocation; a summary dict.
+
+    Requests whose reservation exceeds the pool are rejected (``rejected_too_long``); when that is
+    every request, ``ReservedBaselineError`` says so (with the reservation and pool sizes)."""
     bpt = cfg.spec.bytes_per_token
     capacity = cfg.pool_bytes // bpt
     alloc = ReservedAllocator(capacity)
     cost = CostModel(cfg.params, bpt)
     size_of = reservation_size(requests, reserve_tokens)
+    if requests and all(size_of(r) > capacity for r in requests):
+        raise ReservedBaselineError(_nothing_fits(requests, size_of, reserve_tokens, capacity, cfg))
     chunk_cap = cfg.max_prefill_chunk or cfg.max_num_batched_tokens
     clock = SimulatedClock()
     pending = sorted(requests, key=lambda r: (r.arrival, r.request_id))
@@ -175,7 +206,11 @@ def run_reserved(requests: Sequence, cfg, *, reserve_tokens: int | str = "max") 
             if i < n:
                 clock.advance_to(pending[i].arrival)
                 continue
-            raise RuntimeError("reserved baseline: nothing can run")
+            if not waiting and not running:
+                break                          # the last arrivals were all rejected
+            raise ReservedBaselineError(
+                f"reserved baseline: nothing can run ({len(waiting)} waiting, {len(running)} running, "
+                f"largest free range {alloc.largest_free_range:,} of {capacity:,} tokens)")
         prefill = decode = kv_tokens = 0
         for live, k in work:
             if k == 1 and live.computed >= live.prompt_len:
@@ -226,7 +261,8 @@ def run_reserved(requests: Sequence, cfg, *, reserve_tokens: int | str = "max") 
 
 
 _KEYS = ("concurrency_mean", "concurrency_max", "completed_per_s", "output_tokens_per_s", "ttft_p50_s",
-         "ttft_p99_s", "itl_p50_s", "itl_p99_s", "makespan_s", "prefix_hit_rate", "completed")
+         "ttft_p99_s", "itl_p50_s", "itl_p99_s", "makespan_s", "prefix_hit_rate", "completed",
+         "rejected_too_long")
 
 
 def compare_reserved(requests: Sequence, cfg, runs, *, reserve_tokens: int | str = "max") -> tuple[dict, dict]:

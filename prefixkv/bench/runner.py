@@ -334,18 +334,24 @@ class BenchResult:
     runs: list[BlockSizeRun]
     reserved: dict | None = None
     reserved_run: object = None
+    reserved_error: str | None = None     # why the reserved baseline could not run (the paged runs stand)
 
     def as_dict(self) -> dict:
         out = dict(trace=self.trace, config=self.config.as_dict(), runs=[r.summary for r in self.runs])
         if self.reserved is not None:
             out["reserved"] = self.reserved
+        if self.reserved_error is not None:
+            out["reserved_error"] = self.reserved_error
         return out
 
 
 def run_bench(trace: Trace, cfg: BenchConfig, *, trace_label: str | None = None, vocab: int = 32_000,
               compare_reserved: bool = False, reserve_tokens: int | str = "max",
               on_done=None) -> BenchResult:
-    """Every block size of ``cfg`` on ``trace``; optionally the reserved-max-length baseline."""
+    """Every block size of ``cfg`` on ``trace``; optionally the reserved-max-length baseline.
+
+    When the baseline cannot serve the trace at all (``ReservedBaselineError``: e.g. a reservation
+    larger than the pool), the paged runs are kept and ``reserved_error`` says why."""
     requests = prepare_trace(trace, vocab=vocab)
     info = dict(name=trace_label or trace.name, format=trace.format, native_block_size=trace.block_size,
                 requests=len(requests), prompt_tokens=sum(len(r.prompt) for r in requests),
@@ -362,8 +368,11 @@ def run_bench(trace: Trace, cfg: BenchConfig, *, trace_label: str | None = None,
             on_done(size)
     result = BenchResult(cfg, info, runs)
     if compare_reserved:
-        from .reserved import compare_reserved as _compare
-        result.reserved, result.reserved_run = _compare(requests, cfg, runs, reserve_tokens=reserve_tokens)
+        from .reserved import ReservedBaselineError, compare_reserved as _compare
+        try:
+            result.reserved, result.reserved_run = _compare(requests, cfg, runs, reserve_tokens=reserve_tokens)
+        except ReservedBaselineError as exc:
+            result.reserved_error = str(exc)
     return result
 
 

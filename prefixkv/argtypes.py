@@ -1,0 +1,59 @@
+"""Argument converters shared by the command lines.
+
+argparse words a converter's ValueError after the function's name ("invalid
+_size value"), so each of these raises ArgumentTypeError with a message
+written for the user instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from .sizing import parse_size
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A fraction in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
+    return value
+
+
+def size(text: str) -> int:
+    """Bytes, with binary units (``24GiB``)."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_size(text: str) -> int:
+    value = size(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size above zero, got {text!r}")
+    return value
