@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import typing
 import warnings
 from importlib.metadata import entry_points
 from typing import Callable
@@ -150,8 +151,38 @@ def _check_options(name: str, factory, options: dict) -> None:
     if unknown:
         raise ValueError(f"eviction policy {name!r} has no option {', '.join(map(repr, unknown))}; "
                          f"its options: {', '.join(accepted) or 'none'}")
+    try:
+        hints = typing.get_type_hints(factory.__init__ if isinstance(factory, type) else factory)
+    except Exception:  # unresolvable annotations: fall back to the defaults' types
+        hints = {}
+    for key, value in options.items():
+        allowed = _allowed_types(hints.get(key), params[key].default)
+        if allowed and not _is_instance(value, allowed):
+            words = {bool: "true/false", type(None): "none", int: "an integer", float: "a number", str: "text"}
+            names = " or ".join(words.get(t, t.__name__) for t in allowed)
+            raise ValueError(f"eviction policy {name!r}: option {key}={value!r} should be {names}")
 
 
+def _allowed_types(hint, default) -> tuple:
+    """The plain types an option accepts, from its annotation or else its default (() = any)."""
+    if hint is not None:
+        args = typing.get_args(hint) or (hint,)
+        types = tuple(a for a in args if isinstance(a, type))
+        return types if len(types) == len(args) else ()
+    if default is inspect.Parameter.empty or default is None:
+        return ()
+    return (type(default),)
+
+
+def _is_instance(value, allowed: tuple) -> bool:
+    if isinstance(value, bool):
+        return bool in allowed
+    if isinstance(value, int) and float in allowed:
+        return True
+    return isinstance(value, allowed)
+
+
+BUILTIN_POLICIES = tuple(_BUILTIN)
 REGISTRY = PolicyRegistry(_BUILTIN)
 register = REGISTRY.register
 make_policy = REGISTRY.make
@@ -174,6 +205,7 @@ __all__ = [
     "PolicyRegistry",
     "ENTRY_POINT_GROUP",
     "REGISTRY",
+    "BUILTIN_POLICIES",
     "register",
     "make_policy",
     "parse_policy_spec",

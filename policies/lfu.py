@@ -32,8 +32,8 @@ class LFUPolicy(PolicyBase):
     name = "lfu"
 
     def __init__(self, half_life: int | None = None) -> None:
-        if half_life is not None and half_life <= 0:
-            raise ValueError(f"half_life must be positive, got {half_life}")
+        if half_life is not None and (type(half_life) is not int or half_life <= 0):
+            raise ValueError(f"half_life must be a positive int (accesses), got {half_life!r}")
         self._half_life_option = half_life
         self.half_life = half_life or 1024
         self._accesses = 0

@@ -5,7 +5,7 @@ sortedcontainers; torch and cupy are optional extras for storage and attention.
 """
 
 from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidTokens, InvariantViolation,
-                     OutOfBlocks, PrefixKVError, SequencePreempted, SequenceTooLong, UnknownSequence)
+                     OutOfBlocks, PolicyError, PrefixKVError, SequencePreempted, SequenceTooLong, UnknownSequence)
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .hashing import BlockHasher, ExtraKeys, MultiModalItem
 from .manager import KVCacheManager, PrefixMatch
@@ -23,7 +23,7 @@ __all__ = [
     "KVCacheManager", "PrefixMatch", "Prompt", "BlockPool", "BlockHasher", "ExtraKeys", "MultiModalItem",
     "KVSpec", "Plan", "plan", "tail_waste", "parse_size", "format_size", "CacheStats",
     "KVEvent", "BlockStored", "BlockRemoved", "AllBlocksCleared",
-    "PrefixKVError", "OutOfBlocks", "SequenceTooLong", "UnknownSequence", "SequencePreempted", "DuplicateSequence",
+    "PrefixKVError", "PolicyError", "OutOfBlocks", "SequenceTooLong", "UnknownSequence", "SequencePreempted", "DuplicateSequence",
     "InvalidTokens", "CacheBusy", "InvariantViolation", "HashMismatch",
     "Trace", "TraceRequest", "TraceFormatError", "load_trace", "replay", "ReplayResult",
     "WorkloadConfig", "DEFAULT_WORKLOAD", "generate_trace",

@@ -79,11 +79,13 @@ def _trace_sources(args: argparse.Namespace):
     if not traces:
         trace = builtin_trace(args.workload)
         return [TraceSource(f"{args.workload} (generated)", (str(trace.path),), "tokens")]
-    sources = []
-    for item in traces:
-        label = os.path.basename(os.path.normpath(item)) or item
-        sources.append(TraceSource(label, (item,), args.format))
-    return sources
+    paths = [os.path.normpath(item) for item in traces]
+    if len(set(paths)) < len(paths):
+        raise ValueError("the same trace is given twice")
+    labels = [os.path.basename(path) or path for path in paths]
+    # Results are keyed by label: two files of the same name keep their paths to stay apart.
+    labels = [path if labels.count(label) > 1 else label for label, path in zip(labels, paths)]
+    return [TraceSource(label, (item,), args.format) for label, item in zip(labels, traces)]
 
 
 def _where_generated(sources) -> str | None:
@@ -129,9 +131,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .console import make_console
     from .policies import available_policies, make_policy
 
-    # LRU first (the baseline), MIN last (the bound), the rest by name.
-    policies = args.policies or sorted(available_policies(),
+    # LRU first (the baseline), MIN last (the bound, only where the future is known), the rest by name.
+    policies = args.policies or sorted((p for p in available_policies()
+                                        if p != "belady" or args.mode == "cache"),
                                        key=lambda p: (p != "lru", p == "belady", p))
+    if args.mode != "cache" and "belady" in policies:
+        raise ValueError("belady (MIN) needs requests in trace order: it runs in --mode cache only")
     unknown = [p for p in policies if p.partition(":")[0] not in available_policies()]
     if unknown:
         raise ValueError(f"unknown polic{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
@@ -163,7 +168,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         for c in caps:
             table.add_column(f"{c:,}", justify="right")
         rate = {(r["policy"], r["capacity"]): r["block_hit_rate"] for r in rows}
-        best = {c: max(rate[(p, c)] for p in policies if p != "belady") for c in caps}
+        online = [p for p in policies if p != "belady"]
+        best = {c: max(rate[(p, c)] for p in online) for c in caps} if online else {}
         for p in policies:
             cells = []
             for c in caps:
@@ -171,13 +177,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 cells.append(f"[bold]{text}[/bold]" if p != "belady" and rate[(p, c)] == best[c] else text)
             table.add_row("MIN (belady)" if p == "belady" else p, *cells)
         gaps = {row["capacity"]: row for row in summary if row["trace"] == source.label}
-        if all("gap_closed" in gaps[c] for c in caps):
+        if online and all("gap_closed" in gaps[c] for c in caps):
             table.add_section()
             table.add_row("best online", *[gaps[c]["best_policy"] for c in caps])
             table.add_row("LRU->MIN gap closed",
                           *["-" if gaps[c]["gap_closed"] is None else f"{100 * gaps[c]['gap_closed']:.0f}%"
                             for c in caps])
         out.print(table)
+        oversized = {r["capacity"]: (r["oversized_requests"], r["requests"]) for r in rows
+                     if r["oversized_requests"]}
+        if oversized:
+            out.print("[yellow]requests larger than the whole cache, counted as all misses: "
+                      + ", ".join(f"{n:,} of {total:,} at {c:,} blocks" for c, (n, total) in sorted(oversized.items()))
+                      + "[/yellow]")
     where = _where_generated(sources)
     if where:
         out.print(where)
@@ -231,9 +243,11 @@ def _capacity_list(text: str):
 
 
 def _policy_help() -> str:
-    from .policies import available_policies
+    # The built-in names only: loading plug-ins (entry points) for a help text would slow down,
+    # and let a broken plug-in warn on, every command.
+    from .policies import BUILTIN_POLICIES
 
-    return ", ".join(available_policies())
+    return ", ".join(sorted(BUILTIN_POLICIES)) + " (and plug-ins registered through the prefixkv.policies entry point)"
 
 
 def build_parser() -> argparse.ArgumentParser:

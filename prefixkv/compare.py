@@ -106,18 +106,23 @@ def plot(results: Sequence[dict], path: str, bound: str = "belady") -> None:
     import matplotlib.pyplot as plt
 
     traces = list(dict.fromkeys(r["trace"] for r in results))
+    online = [p for p in dict.fromkeys(r["policy"] for r in results) if p != bound]
+    # One look per policy, the same in every panel: ten colours, then markers and dashes change.
+    colours = plt.get_cmap("tab10").colors
+    markers, dashes = "osD^v", ["-", "-.", ":"]
+    look = {p: dict(color=colours[i % 10], marker=markers[i // 10 % len(markers)], markersize=3,
+                    linestyle=dashes[i // 10 % len(dashes)], label=p) for i, p in enumerate(online)}
+    look[bound] = dict(color="black", linestyle="--", linewidth=2, label="MIN (Belady)")
     fig, axes = plt.subplots(1, len(traces), figsize=(6.5 * len(traces), 4.5), squeeze=False)
     for ax, trace in zip(axes[0], traces):
         rows = [r for r in results if r["trace"] == trace]
         for policy in dict.fromkeys(r["policy"] for r in rows):
-            pts = sorted((r["capacity"], r["block_hit_rate"]) for r in rows if r["policy"] == policy)
+            pts = sorted((r["capacity"], 100 * r["block_hit_rate"]) for r in rows if r["policy"] == policy)
             xs, ys = zip(*pts)
-            style = dict(color="black", linestyle="--", linewidth=2, label="MIN (Belady)") \
-                if policy == bound else dict(marker="o", markersize=3, label=policy)
-            ax.plot(xs, ys, **style)
+            ax.plot(xs, ys, **look[policy])
         ax.set_xscale("log")
         ax.set_xlabel(f"capacity (blocks of {rows[0]['block_size']} tokens)")
-        ax.set_ylabel("block hit rate")
+        ax.set_ylabel("block hit rate (%)")
         ax.set_title(trace)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)

@@ -85,6 +85,11 @@ class InvalidTokens(PrefixKVError, ValueError):
     """Token ids that cannot be encoded (negative, too large, not integers)."""
 
 
+class PolicyError(PrefixKVError):
+    """The eviction policy broke its contract (raised in ``evict()``, or returned a block that is
+    not an evictable candidate). The pool stays consistent; the victims taken so far are freed."""
+
+
 class CacheBusy(PrefixKVError):
     """The prefix cache cannot be reset while sequences hold blocks."""
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Hashable, Iterable
 
-from .errors import InvariantViolation, OutOfBlocks
+from .errors import InvariantViolation, OutOfBlocks, PolicyError
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .hashing import ExtraKeys
 
@@ -52,7 +52,15 @@ class BlockPool:
         self._duplicates: dict[Hashable, list[int]] = {}   # hash -> active duplicates
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pops block 0 first
         self.evictions = 0
+        # Residencies: a hash cached in a physical block, from publish (or a duplicate's promotion)
+        # to eviction or reset. Counted to tell how much of what the cache took in it ever served.
+        self.insertions = 0
+        self.unused_removals = 0                           # residencies ended without a single hit
+        self._reused: list[bool] = [False] * num_blocks     # current residency hit at least once
         self.events: list[KVEvent] | None = [] if record_events else None
+        if getattr(policy, "pool", None) is not None:
+            raise ValueError(f"this {type(policy).__name__} object already serves another pool; a policy "
+                             "keeps per-pool state, so give each pool (each replay) a fresh one or a name")
         self.policy = policy
         policy.bind(self)
 
@@ -79,6 +87,11 @@ class BlockPool:
         """Distinct hashes in the prefix cache (active or evictable)."""
         return len(self._cached)
 
+    def num_unused_cached(self) -> int:
+        """Cached blocks whose current residency has not been hit yet (O(cached))."""
+        reused = self._reused
+        return sum(1 for block in self._cached.values() if not reused[block])
+
     def is_cached(self, block: int) -> bool:
         return self.block_hash[block] is not None
 
@@ -86,11 +99,13 @@ class BlockPool:
     def acquire_hits(self, blocks: Iterable[int]) -> None:
         """Take one more reference on each cache-hit block (pins evictable ones)."""
         ref = self.ref_count
+        reused = self._reused
         on_hit = self.policy.on_hit
         for block in blocks:
             count = ref[block]
             on_hit(block, count == 0)
             ref[block] = count + 1
+            reused[block] = True
 
     def share(self, blocks: Iterable[int]) -> None:
         """One more reference on blocks that are already active (fork)."""
@@ -111,7 +126,11 @@ class BlockPool:
             out = free[::-1]
             free.clear()
             evict = self._evict_one
-            out.extend(evict() for _ in range(n - len(out)))
+            try:
+                out.extend(evict() for _ in range(n - len(out)))
+            except PolicyError:
+                free.extend(reversed(out))  # the free blocks, and the victims taken so far (now uncached)
+                raise
         elif n:
             out = free[:-n - 1:-1]
             del free[-n:]
@@ -123,10 +142,20 @@ class BlockPool:
         return out
 
     def _evict_one(self) -> int:
-        block = self.policy.evict()
+        try:
+            block = self.policy.evict()
+        except Exception as exc:
+            raise PolicyError(f"eviction policy {getattr(self.policy, 'name', type(self.policy).__name__)!r} "
+                              f"raised in evict(): {type(exc).__name__}: {exc}") from exc
+        if type(block) is not int or not 0 <= block < self.num_blocks or self.ref_count[block] \
+                or self.block_hash[block] is None:
+            raise PolicyError(f"eviction policy {getattr(self.policy, 'name', type(self.policy).__name__)!r} "
+                              f"returned {block!r} from evict(), which is not an evictable cached block")
         block_hash = self.block_hash[block]
         self.block_hash[block] = None
         self.evictions += 1
+        if not self._reused[block]:
+            self.unused_removals += 1
         duplicates = self._duplicates.get(block_hash)
         if duplicates:
             self._promote(duplicates.pop(), block_hash, block)
@@ -140,6 +169,8 @@ class BlockPool:
 
     def _promote(self, duplicate: int, block_hash: Hashable, evicted: int) -> None:
         del self._duplicate_hash[duplicate]
+        self.insertions += 1
+        self._reused[duplicate] = False
         self._cached[block_hash] = duplicate
         self.block_hash[duplicate] = block_hash
         self.parent_hash[duplicate] = self.parent_hash[evicted]
@@ -167,6 +198,8 @@ class BlockPool:
         self.block_hash[block] = block_hash
         self.parent_hash[block] = parent_hash
         self.depth[block] = depth
+        self.insertions += 1
+        self._reused[block] = False
         if self.verify:
             self.content[block] = content
         self.policy.on_cached(block)
@@ -214,6 +247,7 @@ class BlockPool:
         """
         if self.num_active:
             raise InvariantViolation("clear_cache called while blocks are active")
+        self.unused_removals += self.num_unused_cached()
         self._cached.clear()
         self._duplicates.clear()
         self._duplicate_hash.clear()

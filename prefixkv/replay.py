@@ -41,8 +41,8 @@ class ReplayResult:
     hit_tokens: int = 0
     evictions: int = 0
     oversized_requests: int = 0        # more blocks than the whole cache: counted as all misses
-    block_insertions: int = 0          # blocks that entered the cache (misses that were cached)
-    blocks_never_reused: int = 0       # of those, evicted (or left at the end) without a single hit
+    block_insertions: int = 0          # hashes that entered the prefix cache (pool residencies started)
+    blocks_never_reused: int = 0       # residencies that ended unused, or were still unused at the end
     waited_admissions: int = 0         # concurrent mode: admissions that had to wait
     total_wait_s: float = 0.0
     warmup_requests: int = 0
@@ -128,36 +128,20 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
         if oracle is not None:
             raise ValueError("belady needs the future in trace order; use mode='cache'")
         _replay_concurrent(mgr, requests, prompts, result, prefill_rate, decode_rate)
-    result.evictions = mgr.stats().evictions
     mgr.check_invariants()
     return result
 
 
-class _ReuseTracker:
-    """Counts cache insertions that were never hit before the hash was inserted again or the
-    replay ended. A miss on a hash that was inserted before means that residency ended (the block
-    was evicted, or orphaned by its parent's eviction) without helping anyone."""
+def _pool_counters(pool) -> tuple[int, int, int]:
+    return pool.evictions, pool.insertions, pool.unused_removals
 
-    __slots__ = ("unused", "insertions", "never_reused")
 
-    def __init__(self) -> None:
-        self.unused: dict = {}        # hash -> True while its current insertion has not been hit
-        self.insertions = 0
-        self.never_reused = 0
-
-    def access(self, hashes: Sequence, hit_blocks: int) -> None:
-        unused = self.unused
-        for h in hashes[:hit_blocks]:
-            unused[h] = False
-        for h in hashes[hit_blocks:]:
-            if unused.get(h):
-                self.never_reused += 1
-            unused[h] = True
-        self.insertions += len(hashes) - hit_blocks
-
-    def finish(self, result: "ReplayResult") -> None:
-        result.block_insertions = self.insertions
-        result.blocks_never_reused = self.never_reused + sum(self.unused.values())
+def _count_cache_traffic(result: ReplayResult, pool, at_warmup: tuple[int, int, int] | None) -> None:
+    """Evictions, insertions and unused residencies of the measured window (after the warm-up)."""
+    evictions, insertions, unused = at_warmup or _pool_counters(pool)
+    result.evictions = pool.evictions - evictions
+    result.block_insertions = pool.insertions - insertions
+    result.blocks_never_reused = pool.unused_removals - unused + pool.num_unused_cached()
 
 
 def _tell_oracle(oracle, prompt, uses: list[float]) -> None:
@@ -169,8 +153,10 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
                   next_uses, oracle) -> None:
     size = mgr.block_size
     warm = result.warmup_requests
-    reuse = _ReuseTracker()
+    at_warmup = None
     for i, request in enumerate(requests):
+        if i == warm:
+            at_warmup = _pool_counters(mgr.pool)
         prompt, accesses, last_tokens = prompts[i]
         if oracle is not None:
             _tell_oracle(oracle, prompt, next_uses[i])
@@ -182,10 +168,9 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
                 result.oversized_requests += 1
         else:
             mgr.free(i)
-            reuse.access(prompt.block_hashes(), hit_tokens // size)
         if i >= warm:
             result.count(request, accesses, last_tokens, hit_tokens // size)
-    reuse.finish(result)
+    _count_cache_traffic(result, mgr.pool, at_warmup)
 
 
 def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, result: ReplayResult,
@@ -196,11 +181,14 @@ def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequenc
     waiting: list[int] = []                 # FIFO of request indices that did not fit
     head = 0
     clock = 0.0
-    reuse = _ReuseTracker()
+    at_warmup = None
     arrivals = iter(range(len(requests)))
     pending = next(arrivals, None)
 
     def try_start(i: int, now: float) -> bool:
+        nonlocal at_warmup
+        if at_warmup is None and i >= warm:
+            at_warmup = _pool_counters(mgr.pool)
         request = requests[i]
         prompt, accesses, last_tokens = prompts[i]
         out_blocks = -(-(prompt.num_tokens + request.output_length) // size) - (-(-prompt.num_tokens // size))
@@ -213,7 +201,6 @@ def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequenc
         if m.blocks_needed + out_blocks > mgr.num_free_blocks:
             return False
         hit_tokens = mgr.admit(i, prompt, compute_last_token=False)
-        reuse.access(prompt.block_hashes(), hit_tokens // size)
         if request.output_length:
             if request.tokens is not None:
                 # Generated tokens are cached too: the next turn of a chat can hit them.
@@ -245,5 +232,5 @@ def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequenc
             head += 1
         if not running and head < len(waiting) and pending is None:
             raise RuntimeError("concurrent replay cannot make progress (a request never fits)")
-    reuse.finish(result)
+    _count_cache_traffic(result, mgr.pool, at_warmup)
     result.extra["mean_wait_s"] = result.total_wait_s / result.waited_admissions if result.waited_admissions else 0.0

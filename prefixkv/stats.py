@@ -21,6 +21,8 @@ class CacheStats:
     query_tokens: int           # prompt tokens looked up at admission
     hit_tokens: int             # of those, served from the prefix cache
     evictions: int
+    insertions: int             # hashes that entered the prefix cache (a residency each)
+    unused_removals: int        # residencies that ended (eviction, reset) without a single hit
     cow_copies: int
     preemptions: int
     recomputed_tokens: int      # tokens recomputed on resume after preemption

@@ -390,6 +390,9 @@ def load_kvcache_tester(paths: str | os.PathLike | Iterable[str | os.PathLike], 
             raise TraceFormatError(path, _position(text, ("block_size",))[0],
                                    f"block_size {size} differs from {file_block_size} ({origin})")
         requests.extend(reqs)
+    if not requests:
+        where = files[0] if len(files) == 1 else files[0].parent
+        raise TraceFormatError(where, 1, "no requests: every conversation's \"requests\" list is empty")
     requests.sort(key=_timestamp_key)   # stable: ties keep file order, then order inside the file
     if name is None:
         name = files[0].parent.name if len(files) > 1 else files[0].stem

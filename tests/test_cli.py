@@ -178,3 +178,36 @@ def test_workload_command_is_deterministic(capsys, tmp_path):
     run(capsys, "workload", "--requests", "50", "--seed", "3", "--out", str(a))
     run(capsys, "workload", "--requests", "50", "--seed", "3", "--out", str(b))
     assert a.read_bytes() == b.read_bytes()
+
+
+def _mooncake(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"timestamp": i, "input_length": 512 * len(ids), "output_length": 1,
+                                        "hash_ids": ids}) + "\n" for i, ids in enumerate(rows)))
+    return path
+
+
+def test_compare_keeps_two_traces_of_the_same_name_apart(capsys, tmp_path):
+    a = _mooncake(tmp_path / "a" / "trace.jsonl", [[1, 2], [1, 2], [1, 2]])
+    b = _mooncake(tmp_path / "b" / "trace.jsonl", [[1, 2], [3, 4], [5, 6]])
+    code, out = run(capsys, "compare", "--trace", str(a), "--trace", str(b), "--policies", "lru",
+                    "--capacities", "8", "--workers", "1", "--json")
+    rates = {r["trace"]: r["block_hit_rate"] for r in json.loads(out)["results"]}
+    assert code == 0 and len(rates) == 2
+    assert sorted(rates.values()) == [0.0, pytest.approx(4 / 6)]
+
+
+def test_compare_concurrent_leaves_min_out_and_refuses_it_by_name(capsys):
+    code, out = run(capsys, "compare", "--mode", "concurrent", "--capacities", "300", "--workers", "1", "--json")
+    assert code == 0 and "belady" not in {r["policy"] for r in json.loads(out)["results"]}
+    with pytest.raises(SystemExit):
+        main(["compare", "--mode", "concurrent", "--policies", "lru,belady"])
+    assert "cache only" in capsys.readouterr().err
+
+
+def test_compare_min_alone_and_oversized_requests_are_reported(capsys, tmp_path):
+    trace = _mooncake(tmp_path / "t.jsonl", [[1, 2, 3, 4], [1, 2], [1, 2]])
+    code, out = run(capsys, "compare", "--trace", str(trace), "--policies", "belady", "--capacities", "3",
+                    "--workers", "1")
+    assert code == 0 and "MIN (belady)" in out
+    assert "requests larger than the whole cache, counted as all misses: 1 of 3 at 3 blocks" in out

@@ -59,3 +59,48 @@ def test_prompts_move_between_managers_with_the_same_hashing_only():
 def test_off_terminal_console_is_wide():
     console = make_console()
     assert not console.is_terminal and console.width >= OFF_TERMINAL_WIDTH
+
+
+class Boom(Exception):
+    pass
+
+
+def _broken_lru(evict):
+    from prefixkv.policies import LRUPolicy
+
+    class Broken(LRUPolicy):
+        name = "broken"
+
+    Broken.evict = evict
+    return Broken()
+
+
+def test_an_evict_that_raises_leaves_the_manager_consistent():
+    from prefixkv import PolicyError
+
+    def evict(self):
+        raise Boom("policy bug")
+
+    mgr = KVCacheManager(4, 4, policy=_broken_lru(evict), hash_seed=0)
+    mgr.admit("a", list(range(8)))
+    mgr.free("a")
+    with pytest.raises(PolicyError, match=r"'broken' raised in evict\(\): Boom: policy bug"):
+        mgr.admit("b", list(range(100, 116)))
+    mgr.check_invariants()
+    stats = mgr.stats()
+    assert stats.sequences == 0 and stats.active_blocks == 0
+    assert stats.free_uncached_blocks + stats.evictable_blocks == 4
+
+
+def test_an_evict_that_returns_a_non_candidate_is_refused():
+    from prefixkv import PolicyError
+
+    def evict(self):
+        self._order.popitem(last=False)
+        return 10_000
+
+    mgr = KVCacheManager(2, 4, policy=_broken_lru(evict), hash_seed=0)
+    mgr.admit("a", list(range(8)))
+    mgr.free("a")
+    with pytest.raises(PolicyError, match="returned 10000 from evict"):
+        mgr.admit("b", list(range(100, 108)))

@@ -138,3 +138,19 @@ def test_policy_specs_carry_options():
 def test_bad_policy_specs_say_what_is_wrong(spec, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         make_policy(spec)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("gdsf:inherit=off", "option inherit='off' should be true/false"),
+    ("workload:by_depth=nope", "option by_depth='nope' should be true/false"),
+    ("lfu:half_life=2.5", "option half_life=2.5 should be an integer or none"),
+    ("lrfu:half_life=abc", "option half_life='abc' should be a number"),
+])
+def test_policy_spec_values_are_checked_against_the_option_types(spec, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make_policy(spec)
+
+
+def test_lfu_refuses_a_fractional_half_life_given_as_a_keyword():
+    with pytest.raises(ValueError, match="positive int"):
+        make_policy("lfu", half_life=2.5)

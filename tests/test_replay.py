@@ -111,3 +111,54 @@ def test_blocks_never_reused():
     # A's first residency and B's (left at the end) were never hit; A's second one was.
     assert result.blocks_never_reused == 4
     assert result.block_hits == 2
+
+
+def test_cache_traffic_counts_only_the_measured_window():
+    # capacity 2, four requests of two blocks: [1,2] [3,4] [1,2] [1,2]; warm-up = the first two.
+    reqs = [Req(0, 8, 1, chained([1, 2])), Req(1, 8, 1, chained([3, 4])),
+            Req(2, 8, 1, chained([1, 2])), Req(3, 8, 1, chained([1, 2]))]
+    whole = replay(Trace(reqs, 4), "lru", 2)
+    measured = replay(Trace(reqs, 4), "lru", 2, warmup=0.5)
+    assert (whole.evictions, whole.block_insertions) == (4, 6)
+    # after the warm-up only request 2 misses: it evicts [3,4] (unused) and inserts [1,2] again
+    assert (measured.requests, measured.block_accesses, measured.block_hits) == (2, 4, 2)
+    assert (measured.evictions, measured.block_insertions, measured.blocks_never_reused) == (2, 2, 2)
+
+
+def test_a_miss_on_an_orphaned_cached_block_is_not_an_insertion():
+    from prefixkv.policies import LRUPolicy
+
+    class MostRecentFirst(LRUPolicy):   # evicts a chain's root before its tail: orphans
+        def evict(self):
+            return self._order.popitem(last=True)[0]
+
+    # capacity 3. [1,2]; [7,8] evicts 1 (2 stays cached, orphaned); [1,2] misses both: 1 is
+    # inserted again, but 2's hash is still cached, so its new copy is a duplicate, not an insertion.
+    reqs = [Req(0, 8, 1, chained([1, 2])), Req(1, 8, 1, chained([7, 8])), Req(2, 8, 1, chained([1, 2]))]
+    result = replay(Trace(reqs, 4), MostRecentFirst(), 3)
+    assert result.block_hits == 0
+    assert (result.block_insertions, result.evictions) == (5, 3)
+
+
+@pytest.mark.parametrize("mode", ["cache", "concurrent"])
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "lrfu"])
+def test_insertions_minus_evictions_never_exceed_the_capacity(mode, policy, tmp_path):
+    from prefixkv.workloads import BUILTIN_WORKLOADS, generate_trace
+    from prefixkv.traces import load_token_trace
+    from dataclasses import replace as dc_replace
+
+    path = generate_trace(tmp_path / "w.jsonl", dc_replace(BUILTIN_WORKLOADS["default"], num_requests=120))
+    result = replay(load_token_trace(path), policy, 120, mode=mode)
+    assert result.evictions > 0
+    assert 0 <= result.block_insertions - result.evictions <= 120
+    assert result.blocks_never_reused <= result.block_insertions
+
+
+def test_a_used_policy_object_is_refused():
+    from prefixkv.policies import make_policy
+
+    reqs = [Req(0, 8, 1, chained([1, 2]))]
+    policy = make_policy("lru")
+    replay(Trace(reqs, 4), policy, 4)
+    with pytest.raises(ValueError, match="already serves another pool"):
+        replay(Trace(reqs, 4), policy, 4)

@@ -428,3 +428,21 @@ def test_builtin_trace_is_generated_once_and_reused(tmp_path):
 def test_workload_config_validates(bad):
     with pytest.raises(ValueError):
         WorkloadConfig(**bad)
+
+
+def test_kvcache_tester_without_any_request_is_refused(tmp_path):
+    from prefixkv.traces import load_kvcache_tester
+
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"id": name, "block_size": 64, "requests": []}))
+    with pytest.raises(TraceFormatError, match="no requests"):
+        load_kvcache_tester(tmp_path / "a.json")
+    with pytest.raises(TraceFormatError, match="no requests"):
+        load_kvcache_tester(tmp_path)
+
+
+def test_writing_a_trace_into_a_missing_directory_names_it(tmp_path):
+    from prefixkv.traces import write_token_trace
+
+    with pytest.raises(FileNotFoundError, match="directory .*nope does not exist"):
+        write_token_trace(tmp_path / "nope" / "t.jsonl", [], block_size=16)
