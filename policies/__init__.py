@@ -101,9 +101,8 @@ class PolicyRegistry:
         try:
             factory = self._factories[name]
         except KeyError:
-            raise ValueError(
-                f"unknown eviction policy {name!r}; available: {', '.join(self.names())}"
-            ) from None
+            names = (n + " (replay only)" if n == "belady" else n for n in self.names())
+            raise ValueError(f"unknown eviction policy {name!r}; available: {', '.join(names)}") from None
         if not spec_options:  # keyword options fail as any call does (TypeError for a wrong name)
             return factory(**options)
         _check_options(name, factory, spec_options)

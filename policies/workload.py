@@ -26,7 +26,14 @@ SortedDict keyed by their oldest block's rank: O(log n) per event (ghost
 expiry is amortised O(1) per eviction).
 
 With a single root (e.g. every request shares one system prompt) and no
-``by_depth`` the policy is LRU. Learned estimates survive ``clear()``: they
+``by_depth`` the policy is LRU.
+
+``horizon`` defaults to 0.1 turnovers per unit of log-odds: on the Mooncake
+synthetic trace, whose prefix roots come back in bursts after long quiet
+spells, a full turnover (1.0) let stale low estimates evict the next burst
+early and lost up to 12 points of hit rate to LRU (27.2% against 39.3% at
+8,785 blocks); at 0.1 the worst loss there is under one point, and the gain
+on the WEKA agentic sessions stays (55.96% against LRU's 53.55% at 3,390). Learned estimates survive ``clear()``: they
 describe the workload, not blocks.
 """
 
@@ -47,7 +54,7 @@ _CLAMP = 1e-6  # estimates are kept inside [_CLAMP, 1 - _CLAMP] for the log-odds
 class WorkloadPolicy(PolicyBase):
     name = "workload"
 
-    def __init__(self, rate: float = 0.05, prior: float = 0.5, horizon: float = 1.0, window: float = 2.0,
+    def __init__(self, rate: float = 0.05, prior: float = 0.5, horizon: float = 0.1, window: float = 2.0,
                  by_depth: bool = False) -> None:
         if not 0.0 < rate <= 1.0 or not 0.0 <= prior <= 1.0 or horizon <= 0 or window <= 0:
             raise ValueError("need 0 < rate <= 1, 0 <= prior <= 1, horizon > 0 and window > 0")

@@ -362,7 +362,7 @@ class RefGDSF(Ref):
 
 
 class RefWorkload(Ref):
-    def __init__(self, pool, rate=0.05, prior=0.5, horizon=1.0, window=2.0, by_depth=False):
+    def __init__(self, pool, rate=0.05, prior=0.5, horizon=0.1, window=2.0, by_depth=False):
         super().__init__(pool)
         self.rate, self.by_depth = rate, by_depth
         self.tau, self.window = horizon * pool.num_blocks, window * pool.num_blocks
