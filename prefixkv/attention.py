@@ -337,6 +337,13 @@ def _gather(pool: torch.Tensor, blocks: torch.Tensor, name: str) -> torch.Tensor
     multi-MiB allocation is returned to the OS on free and page-faults on
     every call, which costs more than the attention itself. The buffer lives
     until the next call of this thread (the results never alias it).
+
+    The buffer is always a normal (non-inference) tensor, allocated under
+    ``torch.inference_mode(False)``: an inference tensor cannot be written in
+    place outside inference mode, so a buffer made during a call inside
+    ``torch.inference_mode()`` would break every later call made outside it.
+    Writing into a normal tensor inside inference mode is allowed, so one
+    buffer serves both modes.
     """
     shape = (blocks.numel(),) + tuple(pool.shape[1:])
     if pool.device.type != "cpu":
@@ -345,7 +352,8 @@ def _gather(pool: torch.Tensor, blocks: torch.Tensor, name: str) -> torch.Tensor
     key = (name, pool.dtype)
     buffer = _workspace.__dict__.get(key)
     if buffer is None or buffer.numel() < numel:
-        buffer = torch.empty(numel, dtype=pool.dtype)
+        with torch.inference_mode(False):
+            buffer = torch.empty(numel, dtype=pool.dtype)
         _workspace.__dict__[key] = buffer
     return torch.index_select(pool, 0, blocks, out=buffer[:numel].view(shape))
 

@@ -26,6 +26,10 @@ stream must order it themselves (an event, or ``torch.cuda.current_stream().wait
 ``swap_out`` returns once the host copy is complete (host memory is safe to read
 and the device blocks safe to reuse).
 
+Grad modes: the pools (and the host swap space) are always normal tensors,
+allocated under ``torch.inference_mode(False)``, so a store built inside
+``torch.inference_mode()`` can be written outside it and the other way round.
+
 Only ``import prefixkv.storage`` needs torch; ``import prefixkv`` does not.
 """
 
@@ -102,10 +106,14 @@ class KVStore:
         self.head_dim = spec.head_dim
         self.dtype = torch_dtype(spec.dtype if dtype is None else dtype)
         self.device = torch.device(device)
-        self.data = torch.zeros((self.num_layers, 2, self.num_blocks, self.block_size, self.kv_heads,
-                                 self.head_dim), dtype=self.dtype, device=self.device)
-        self.k: list[torch.Tensor] = [self.data[layer, 0] for layer in range(self.num_layers)]
-        self.v: list[torch.Tensor] = [self.data[layer, 1] for layer in range(self.num_layers)]
+        # Normal (non-inference) tensors whatever the caller's grad mode: a store built
+        # inside ``torch.inference_mode()`` would otherwise hold inference tensors that
+        # cannot be written in place outside it. Normal tensors can be written in both.
+        with torch.inference_mode(False):
+            self.data = torch.zeros((self.num_layers, 2, self.num_blocks, self.block_size, self.kv_heads,
+                                     self.head_dim), dtype=self.dtype, device=self.device)
+            self.k: list[torch.Tensor] = [self.data[layer, 0] for layer in range(self.num_layers)]
+            self.v: list[torch.Tensor] = [self.data[layer, 1] for layer in range(self.num_layers)]
         self.host: torch.Tensor | None = None
 
     @classmethod
@@ -220,7 +228,8 @@ class KVStore:
         if num_host_blocks < 0:
             raise ValueError(f"num_host_blocks must be >= 0, got {num_host_blocks}")
         shape = (self.num_layers, 2, num_host_blocks, self.block_size, self.kv_heads, self.head_dim)
-        self.host = torch.zeros(shape, dtype=self.dtype, device="cpu", pin_memory=self.device.type == "cuda")
+        with torch.inference_mode(False):   # usable inside and outside inference mode (see __init__)
+            self.host = torch.zeros(shape, dtype=self.dtype, device="cpu", pin_memory=self.device.type == "cuda")
 
     def _need_host(self) -> torch.Tensor:
         if self.host is None:

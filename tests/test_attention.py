@@ -303,6 +303,31 @@ def test_auto_on_cpu_is_the_torch_path(monkeypatch):
     assert called == [1]
 
 
+GRAD_MODES = {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad, "enable_grad": torch.enable_grad}
+
+
+@pytest.mark.parametrize("first", GRAD_MODES)
+@pytest.mark.parametrize("then", GRAD_MODES)
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+def test_torch_path_does_not_depend_on_an_earlier_calls_grad_mode(first, then, mode):
+    """The CPU gather buffer is reused across calls: one made inside inference_mode must not be an
+    inference tensor, or every later call outside inference mode fails writing into it."""
+    attn.clear_workspace()
+    case = make_case([5, 21], None if mode == "decode" else [3, 21], B=8, G=2, seed=11)
+    big = make_case([40, 70], None if mode == "decode" else [2, 70], B=8, G=2, seed=12)
+    try:
+        with GRAD_MODES[first]():
+            check(big, paged_attention_torch(*big.args()), what=f"first call under {first}")
+        with GRAD_MODES[then]():
+            # Smaller than the first call: reuses the buffer the first call allocated.
+            out, lse = paged_attention_torch(*case.args(), return_lse=True)
+        check(case, out, lse, what=f"{first} then {then}")
+        with GRAD_MODES[then]():
+            check(big, paged_attention_torch(*big.args()), what=f"again under {then}")
+    finally:
+        attn.clear_workspace()
+
+
 def test_cuda_impl_refuses_cpu_tensors_and_unknown_impl():
     case = make_case([3], B=8, G=2)
     pools = (case.k_pool, case.v_pool)

@@ -241,6 +241,139 @@ def test_generate_releases_its_requests_when_interrupted(model):
     assert_clean(engine)
 
 
+def engine_state(engine):
+    return ({rid: (r.status, list(r.tokens)) for rid, r in engine.requests.items()},
+            dict(engine.scheduler.requests), engine.manager.snapshot(), engine._next_id, engine._num_added)
+
+
+@pytest.mark.parametrize("bad, why", [(256, "outside the model's vocabulary \\[0, 256\\)"),
+                                      (300, "outside the model's vocabulary"), (-1, "outside"),
+                                      (1.5, "not an integer"), ("a", "not an integer")])
+def test_a_bad_token_id_is_refused_when_added_and_the_others_keep_running(model, bad, why):
+    from prefixkv import InvalidTokens
+    from prefixkv.engine import InvalidRequestTokens
+
+    assert model.vocab_size == 256 and engine_for(model).vocab_size == 256
+    engine = engine_for(model, max_num_batched_tokens=8)
+    good = engine.add_request([1, 2, 3, 4, 5, 6], max_new_tokens=5)
+    engine.step()
+    before = engine_state(engine)
+    with pytest.raises(InvalidRequestTokens, match=f"request 'bad': token id .* at position 2 .*{why}") as info:
+        engine.add_request([1, 2, bad, 4], max_new_tokens=3, request_id="bad")
+    assert isinstance(info.value, InvalidTokens) and isinstance(info.value, ValueError)
+    assert (info.value.request_id, info.value.token, info.value.position) == ("bad", bad, 2)
+    assert info.value.vocab_size == 256
+    with pytest.raises(InvalidRequestTokens, match="request 'req-1'"):   # the automatic id it would get
+        engine.add_request([bad], max_new_tokens=3)
+    assert engine_state(engine) == before
+    other = engine.add_request([7, 8, 255], max_new_tokens=4)         # the last id of the vocabulary is fine
+    assert other == "req-1"
+    engine.run()
+    assert_matches_reference(engine, model, {good: [1, 2, 3, 4, 5, 6], other: [7, 8, 255]})
+    assert_clean(engine)
+
+
+def test_generate_checks_every_prompt_before_adding_any(model):
+    from prefixkv.engine import InvalidRequestTokens
+
+    engine = engine_for(model)
+    live = engine.add_request([5, 6, 7], max_new_tokens=3)
+    before = engine_state(engine)
+    with pytest.raises(InvalidRequestTokens, match="prompt 1 of the batch: token id 300 at position 2") as info:
+        engine.generate([[1, 2, 3], [1, 2, 300]], max_new_tokens=3)
+    assert (info.value.request_id, info.value.prompt_index, info.value.token) == (None, 1, 300)
+    assert engine_state(engine) == before
+    # Nothing of the refused batch ran; the live request and the next batch run as usual.
+    assert engine.generate([[1, 2, 3], torch.tensor([1, 2, 4])], max_new_tokens=3) == \
+        [reference(model, [1, 2, 3], 3), reference(model, [1, 2, 4], 3)]
+    assert engine.requests[live].output == reference(model, [5, 6, 7], 3)
+    assert_clean(engine)
+
+
+def test_typed_token_error_pickles():
+    import pickle
+
+    from prefixkv.engine import InvalidRequestTokens
+
+    err = pickle.loads(pickle.dumps(InvalidRequestTokens("r", 300, 2, 256)))
+    assert (type(err), err.request_id, err.token, err.position, err.vocab_size) == \
+        (InvalidRequestTokens, "r", 300, 2, 256)
+    assert str(err) == "request 'r': token id 300 at position 2 is outside the model's vocabulary [0, 256)"
+
+
+def test_vocab_size_comes_from_the_model_or_its_config(model):
+    from prefixkv.engine import Engine, InvalidRequestTokens
+    from prefixkv.engine.model import model_vocab_size
+
+    class ConfigOnly:
+        """An HFEngineModel-like wrapper: no vocab_size of its own, config.vocab_size."""
+
+        def __init__(self, inner, config):
+            self.inner, self.config = inner, config
+
+        device = property(lambda self: self.inner.device)
+
+        def __call__(self, *args):
+            return self.inner(*args)
+
+        def logits(self, hidden):
+            return self.inner.logits(hidden)
+
+    class Config:
+        def __init__(self, vocab_size):
+            self.vocab_size = vocab_size
+
+        def kv_spec(self):
+            return model.config.kv_spec()
+
+    assert model_vocab_size(model) == 256
+    assert model_vocab_size(ConfigOnly(model, Config(100))) == 100
+    assert model_vocab_size(ConfigOnly(model, Config(None))) is None
+    small = Engine.from_model(ConfigOnly(model, Config(100)), num_blocks=16, block_size=B)
+    with pytest.raises(InvalidRequestTokens, match=r"token id 100 at position 0 .*\[0, 100\)"):
+        small.add_request([100])
+    unknown = Engine.from_model(ConfigOnly(model, Config(None)), num_blocks=16, block_size=B)
+    assert unknown.vocab_size is None
+    with pytest.raises(InvalidRequestTokens, match=r"outside \[0, 2\*\*32\)"):
+        unknown.add_request([2**32])
+    assert unknown.generate([[1, 2, 3]], max_new_tokens=2) == [reference(model, [1, 2, 3], 2)]
+
+
+def test_requests_without_a_seed_sample_their_own_streams(model):
+    from prefixkv.engine import request_seed
+
+    hot = SamplingParams(temperature=1.0)
+    prompts = [[1, 2, 3]] * 4
+    engine = engine_for(model)
+    outputs = engine.generate(prompts, max_new_tokens=8, sampling=hot)
+    assert len({tuple(o) for o in outputs}) == 4, outputs              # identical prompts, distinct samples
+    requests = list(engine.requests.values())
+    assert [r.sampling for r in requests] == [SamplingParams(1.0, request_seed(0, n)) for n in range(4)]
+    # Each is still its own standalone generation with the seed it was given (request.sampling).
+    assert_matches_reference(engine, model, {r.request_id: [1, 2, 3] for r in requests})
+    # Reproducible: the same engine seed and the same requests in the same order, however batched.
+    again = engine_for(model, max_num_batched_tokens=4, max_num_seqs=2)
+    assert again.generate(prompts, max_new_tokens=8, sampling=hot) == outputs
+    one_by_one = engine_for(model)
+    assert [one_by_one.generate([p], max_new_tokens=8, sampling=hot)[0] for p in prompts] == outputs
+    # Another engine seed, other streams; the next requests of an engine continue its numbering.
+    reseeded = Engine.from_model(model, num_blocks=64, block_size=B, seed=1)
+    assert reseeded.generate(prompts, max_new_tokens=8, sampling=hot) != outputs
+    assert engine.generate(prompts, max_new_tokens=8, sampling=hot) != outputs
+    assert [r.sampling.seed for r in list(engine.requests.values())[4:]] == [request_seed(0, n) for n in range(4, 8)]
+
+
+def test_an_explicit_seed_reproduces_equal_prompts(model):
+    fixed = SamplingParams(temperature=1.0, seed=7)
+    engine = engine_for(model)
+    outputs = engine.generate([[1, 2, 3]] * 3 + [[4, 5]], max_new_tokens=8, sampling=fixed)
+    assert outputs[0] == outputs[1] == outputs[2] == reference(model, [1, 2, 3], 8, fixed)
+    assert outputs[3] == reference(model, [4, 5], 8, fixed)
+    assert all(r.sampling == fixed for r in engine.requests.values())
+    with pytest.raises(TypeError, match="seed"):
+        SamplingParams(temperature=1.0, seed=1.5)
+
+
 @pytest.mark.parametrize("staggered", [False, True])
 def test_prefix_cache_skips_shared_prefill_and_changes_nothing(model, staggered):
     rng = random.Random(5)

@@ -328,6 +328,36 @@ def test_swap_copies_every_layer():
     assert store.swap_in([]) == 0 and store.swap_out([]) == 0
 
 
+# -- grad modes ------------------------------------------------------------------------
+@pytest.mark.parametrize("built_in, used_in", [("inference_mode", "no_grad"), ("inference_mode", "enable_grad"),
+                                               ("no_grad", "inference_mode"), ("enable_grad", "inference_mode"),
+                                               ("inference_mode", "inference_mode")])
+def test_store_built_in_one_grad_mode_works_in_another(built_in, used_in):
+    """Pools allocated inside torch.inference_mode() must not be inference tensors (they could not be
+    written in place outside it); pools built outside must be writable inside it."""
+    modes = {"inference_mode": torch.inference_mode, "no_grad": torch.no_grad, "enable_grad": torch.enable_grad}
+    with modes[built_in]():
+        store = KVStore(SPEC, 6, 4)
+        store.allocate_host(3)
+    assert not store.data.is_inference() and not store.host.is_inference()
+    assert not any(t.is_inference() for t in store.k + store.v)
+    gen = torch.Generator().manual_seed(5)
+    k, v = rand_kv(7, store, gen)
+    slots = list(range(4, 11))                      # blocks 1 and 2
+    for mode in (used_in, built_in, used_in):       # and back again
+        with modes[mode]():
+            for layer in range(store.num_layers):
+                store.write(layer, slots, k, v)
+            assert store.copy_blocks([(1, 4), (2, 5)]) == 2
+            assert store.swap_out([(4, 0), (5, 1)]) == 2
+            assert store.swap_in([(0, 3), (1, 0)]) == 2
+            for layer in range(store.num_layers):
+                for table in ([1, 2], [4, 5], [3, 0]):
+                    got_k, got_v = store.gather(layer, [t for t in table], 7)
+                    assert torch.equal(got_k, k) and torch.equal(got_v, v)
+        k, v = k + 1, v - 1
+
+
 # -- CUDA ------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=NEEDS_CUDA)

@@ -12,7 +12,7 @@ from .cost import PreemptionChoice, PreemptionCostModel
 from .engine import Engine, StepResult
 from .metrics import RequestMetrics, RunMetrics, SimulatedClock, WallClock, percentile, summarize
 from .plan import BlockOp, Executor, PackedBatch, ScheduledRequest, StepOutput, StepPlan
-from .request import GREEDY, Request, RequestStatus, SamplingParams
+from .request import GREEDY, InvalidRequestTokens, Request, RequestStatus, SamplingParams, request_seed
 from .scheduler import Scheduler, SchedulerConfig
 
 _LAZY = {
@@ -23,7 +23,8 @@ _LAZY = {
 __all__ = [
     "Engine", "StepResult", "Scheduler", "SchedulerConfig", "Round", "RoundCapacity", "round_capacity",
     "PreemptionCostModel", "PreemptionChoice", "StepPlan", "ScheduledRequest", "BlockOp", "PackedBatch",
-    "StepOutput", "Executor", "Request", "RequestStatus", "SamplingParams", "GREEDY", "RequestMetrics",
+    "StepOutput", "Executor", "Request", "RequestStatus", "SamplingParams", "GREEDY", "InvalidRequestTokens",
+    "request_seed", "RequestMetrics",
     "RunMetrics", "SimulatedClock", "WallClock", "percentile", "summarize", *_LAZY,
 ]
 

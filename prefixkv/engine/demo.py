@@ -52,8 +52,9 @@ def _run(model, prompts, args, caching: bool):
     engine = Engine.from_model(
         model, num_blocks=args.num_blocks, block_size=args.block_size, enable_caching=caching,
         config=SchedulerConfig(max_num_batched_tokens=args.budget, max_num_seqs=args.max_seqs),
-        clock=WallClock())
-    sampling = SamplingParams(temperature=args.temperature, seed=args.seed)
+        clock=WallClock(), seed=args.seed)
+    # No per-request seed: each request gets its own stream from the engine's seed.
+    sampling = SamplingParams(temperature=args.temperature)
     start = time.perf_counter()
     outputs = engine.generate(prompts, max_new_tokens=args.max_new_tokens, sampling=sampling)
     wall = time.perf_counter() - start

@@ -11,11 +11,25 @@ steps. ``step()`` runs one scheduler round and one executor call; when the
 executor raises, the requests of that step are failed, their blocks released,
 and the exception propagates. ``generate`` cancels its unfinished requests on
 the way out, whatever the reason.
+
+Prompts are checked when they are added: token ids must be integers in
+``[0, vocab_size)`` when the executor knows the model's vocabulary size
+(``ModelExecutor.vocab_size``), ``[0, 2**32)`` otherwise. A bad one raises
+``InvalidRequestTokens`` naming the request and the id, and the engine is
+unchanged (``generate`` checks every prompt before adding any), so one bad
+request never fails a step that other requests share.
+
+Sampling: requests whose ``SamplingParams`` give no ``seed`` get their own
+stream, ``request_seed(engine.seed, n)`` for the ``n``-th request added
+(stored in ``request.sampling``): identical prompts sample differently, and an
+engine with the same ``seed`` given the same requests in the same order
+reproduces its outputs. An explicit ``seed`` is used as given, so equal
+(seed, prompt) pairs draw equal tokens.
 """
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Hashable, Iterable, Sequence
@@ -24,7 +38,7 @@ from ..manager import KVCacheManager
 from .cost import PreemptionCostModel
 from .metrics import RunMetrics, WallClock, summarize
 from .plan import Executor, StepPlan
-from .request import GREEDY, Request, SamplingParams
+from .request import GREEDY, Request, SamplingParams, check_prompt_tokens, request_seed
 from .scheduler import Scheduler, SchedulerConfig
 
 
@@ -37,13 +51,18 @@ class StepResult:
 
 
 class Engine:
-    def __init__(self, scheduler: Scheduler, executor: Executor, *, clock=None) -> None:
+    def __init__(self, scheduler: Scheduler, executor: Executor, *, clock=None, seed: int = 0) -> None:
+        """``seed``: the base of the per-request sampling seeds of requests that give none."""
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
         self.scheduler = scheduler
         self.executor = executor
         self.clock = clock or WallClock()
+        self.seed = seed
         self.requests: dict[Hashable, Request] = {}     # every request added, finished ones included
         self.run_metrics = RunMetrics()
-        self._ids = itertools.count()
+        self._next_id = 0           # of the automatic ids "req-N"
+        self._num_added = 0         # requests added so far: the arrival number of per-request seeds
         self._stepping = False
         self._deferred_cancels: list[Hashable] = []
 
@@ -51,10 +70,12 @@ class Engine:
     def from_model(cls, model, *, num_blocks: int, block_size: int = 16, num_host_blocks: int = 0,
                    enable_caching: bool = True, policy="lru", hash_seed: int | None = 0,
                    config: SchedulerConfig | None = None, cost_model: PreemptionCostModel | None = None,
-                   clock=None, impl: str = "auto") -> "Engine":
+                   clock=None, impl: str = "auto", seed: int = 0) -> "Engine":
         """Manager, KV store (on the model's device), scheduler and model executor for ``model``
         (anything with ``config.kv_spec()``, ``device``, ``forward(ids, positions, attention)``
-        and ``logits(hidden)``, like ``TinyLlama``)."""
+        and ``logits(hidden)``, like ``TinyLlama``; see ``prefixkv.engine.model.EngineModel``).
+        A model that tells its ``vocab_size`` (or ``config.vocab_size``) gets its prompts checked
+        against it. ``seed``: the base of the per-request sampling seeds (see the module docs)."""
         from ..storage import KVStore
         from .executor import ModelExecutor
 
@@ -66,26 +87,49 @@ class Engine:
             store.allocate_host(num_host_blocks)
         cost_model = cost_model or PreemptionCostModel.for_spec(spec)
         scheduler = Scheduler(mgr, config, cost_model)
-        return cls(scheduler, ModelExecutor(model, store, impl=impl), clock=clock)
+        return cls(scheduler, ModelExecutor(model, store, impl=impl), clock=clock, seed=seed)
 
     @property
     def manager(self) -> KVCacheManager:
         return self.scheduler.mgr
 
     # -- requests ----------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int | None:
+        """The model's vocabulary size as the executor reports it (None: unknown)."""
+        return getattr(self.executor, "vocab_size", None)
+
     def add_request(self, prompt: Sequence[int], *, max_new_tokens: int = 16, request_id: Hashable = None,
                     sampling: SamplingParams | None = None, eos_token_id: int | None = None,
                     arrival_time: float | None = None) -> Hashable:
+        """Queue a request; returns its id. ``InvalidRequestTokens`` (engine unchanged) when the
+        prompt holds an id that is not an integer in ``[0, vocab_size)``."""
+        return self._add(prompt, max_new_tokens=max_new_tokens, request_id=request_id, sampling=sampling,
+                         eos_token_id=eos_token_id, arrival_time=arrival_time)
+
+    def _add(self, prompt, *, max_new_tokens, request_id, sampling, eos_token_id, arrival_time,
+             tokens: tuple[int, ...] | None = None) -> Hashable:
+        next_id = None
         if request_id is None:
-            request_id = f"req-{next(self._ids)}"
-            while request_id in self.requests:
-                request_id = f"req-{next(self._ids)}"
+            n = self._next_id
+            while f"req-{n}" in self.requests:
+                n += 1
+            request_id, next_id = f"req-{n}", n + 1
         elif request_id in self.requests and not self.requests[request_id].status.done:
             raise ValueError(f"request {request_id!r} is already live")
-        request = Request(request_id, tuple(int(t) for t in prompt), max_new_tokens, sampling or GREEDY,
+        if tokens is None:
+            tokens = check_prompt_tokens(prompt, self.vocab_size, request_id)
+        sampling = sampling or GREEDY
+        if not sampling.greedy and sampling.seed is None:
+            sampling = dataclasses.replace(sampling, seed=request_seed(self.seed, self._num_added))
+        request = Request(request_id, tokens, max_new_tokens, sampling,
                           eos_token_id, self.clock.now() if arrival_time is None else float(arrival_time))
         self.scheduler.add(request)
+        # Only now that the request is in: nothing above changed the engine if it raised.
         self.requests[request_id] = request
+        self._num_added += 1
+        if next_id is not None:
+            self._next_id = next_id
         return request_id
 
     def cancel(self, request_id: Hashable) -> bool:
@@ -172,12 +216,17 @@ class Engine:
 
     def generate(self, prompts: Iterable[Sequence[int]], *, max_new_tokens: int = 16,
                  sampling: SamplingParams | None = None, eos_token_id: int | None = None) -> list[list[int]]:
-        """Add the prompts, run to completion, return their outputs in order."""
+        """Add the prompts, run to completion, return their outputs in order.
+
+        Every prompt is checked before any is added: a bad token id raises
+        ``InvalidRequestTokens`` (naming the prompt by its index) with nothing added."""
+        vocab_size = self.vocab_size
+        checked = [check_prompt_tokens(prompt, vocab_size, prompt_index=i) for i, prompt in enumerate(prompts)]
         ids = []
         try:
-            for prompt in prompts:
-                ids.append(self.add_request(prompt, max_new_tokens=max_new_tokens, sampling=sampling,
-                                            eos_token_id=eos_token_id))
+            for tokens in checked:
+                ids.append(self._add(tokens, max_new_tokens=max_new_tokens, request_id=None, sampling=sampling,
+                                     eos_token_id=eos_token_id, arrival_time=None, tokens=tokens))
             while any(not self.requests[i].status.done for i in ids):
                 self.step()
         finally:

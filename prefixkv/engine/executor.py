@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from ..storage import KVStore
-from .model import PagedAttentionBackend
+from .model import PagedAttentionBackend, model_vocab_size
 from .plan import StepOutput, StepPlan
 from .sampling import sample
 
@@ -27,6 +27,12 @@ class ModelExecutor:
         self.kv_store = kv_store
         self.impl = impl
         self.timer = timer
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The model's vocabulary size, None when the model does not say (see ``EngineModel``);
+        the engine checks prompts against it when they are added."""
+        return model_vocab_size(self.model)
 
     def run_block_ops(self, plan: StepPlan) -> None:
         store = self.kv_store

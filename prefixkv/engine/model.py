@@ -60,6 +60,43 @@ class TinyLlamaConfig:
                       dtype=self.dtype)
 
 
+class EngineModel(Protocol):
+    """What ``Engine.from_model`` / ``ModelExecutor`` need of a model (``TinyLlama``,
+    ``prefixkv.integrations.hf_engine.HFEngineModel``):
+
+    * ``config.kv_spec()``: the ``KVSpec`` of its K/V (layers, KV heads, head dim, dtype);
+    * ``device``: where its weights (and so the KV store) live;
+    * ``forward(token_ids, positions, attention)`` (or ``__call__``): hidden states of a
+      flat packed row, calling ``attention(layer, q, k, v)`` in every layer;
+    * ``logits(hidden)``: ``[rows, vocab]`` logits.
+
+    Optional: ``vocab_size`` (or ``config.vocab_size``), the number of token ids the model
+    embeds. When known, the engine refuses prompts holding ids outside ``[0, vocab_size)``
+    when they are added (``InvalidRequestTokens``) instead of failing a whole step
+    (see ``model_vocab_size``).
+    """
+
+    config: object
+    device: torch.device
+
+    def __call__(self, token_ids: torch.Tensor, positions: torch.Tensor, attention) -> torch.Tensor: ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+def model_vocab_size(model) -> int | None:
+    """The model's vocabulary size: ``model.vocab_size``, else ``model.config.vocab_size``,
+    else None (unknown: token ids are then only checked against ``[0, 2**32)``)."""
+    for owner in (model, getattr(model, "config", None)):
+        value = getattr(owner, "vocab_size", None)
+        if value is not None:
+            value = int(value)
+            if value <= 0:
+                raise ValueError(f"the model's vocab_size must be positive, got {value}")
+            return value
+    return None
+
+
 class AttentionBackend(Protocol):
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q ``[T, Hq, d]``, k/v ``[T, Hkv, d]`` (rotary already applied) -> ``[T, Hq, d]``."""
@@ -161,6 +198,11 @@ class TinyLlama(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.embed.device
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to ``vocab_size - 1`` (``config.vocab_size``)."""
+        return self.config.vocab_size
 
     def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[T, 1, head_dim]`` at each token's own position."""

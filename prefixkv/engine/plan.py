@@ -152,6 +152,11 @@ class StepOutput:
 
 @runtime_checkable
 class Executor(Protocol):
-    """Runs (or models) a ``StepPlan``. Must not call the manager."""
+    """Runs (or models) a ``StepPlan``. Must not call the manager.
+
+    Optional: a ``vocab_size`` attribute (int, or None when unknown); when present the
+    engine refuses prompts with token ids outside ``[0, vocab_size)`` as they are added,
+    rather than letting one bad id fail a whole step (``ModelExecutor`` has the model's).
+    """
 
     def execute(self, plan: StepPlan) -> StepOutput: ...

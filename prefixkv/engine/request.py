@@ -12,10 +12,14 @@ The last sampled token of a finished request is never stored in the cache.
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import dataclass, field
 from typing import Hashable
 
+from ..errors import InvalidTokens
 from .metrics import RequestMetrics
+
+_MASK64 = 2**64 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,16 +27,28 @@ class SamplingParams:
     """Greedy (``temperature == 0``, the default) or temperature sampling.
 
     Temperature sampling is seeded per request and per output position
-    (``seed``, ``output_index``), so a request draws the same tokens however it
-    is batched, chunked or preempted.
+    (the request's seed, ``output_index``), so a request draws the same tokens
+    however it is batched, chunked or preempted.
+
+    ``seed=None`` (the default): the engine gives every request its own random
+    stream, derived from the engine's ``seed`` and the request's arrival number
+    (``Engine.add_request`` stores the derived seed in ``request.sampling``).
+    Identical prompts sent together then sample differently, and the same
+    engine seed with the same requests added in the same order reproduces a
+    run. An explicit ``seed`` is used as given: the same (seed, prompt,
+    temperature) always draws the same tokens, even for two requests of one
+    batch (pass distinct seeds for distinct samples). A standalone
+    ``sampling.sample`` call treats ``seed=None`` as 0.
     """
 
     temperature: float = 0.0
-    seed: int = 0
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__} {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
@@ -40,6 +56,64 @@ class SamplingParams:
 
 
 GREEDY = SamplingParams()
+
+
+def request_seed(engine_seed: int, arrival_number: int) -> int:
+    """The sampling seed of the ``arrival_number``-th request (0-based) added to an engine seeded
+    with ``engine_seed``, for requests that give no seed of their own (a splitmix64 mix, so
+    neighbouring numbers and seeds give unrelated streams)."""
+    z = (int(engine_seed) * 0xD1B54A32D192ED03 + (int(arrival_number) + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1      # 63 bits: a valid torch.Generator seed as it is
+
+
+class InvalidRequestTokens(InvalidTokens):
+    """A request's prompt holds a token id the engine cannot run: not an integer, negative, or
+    not below the model's vocabulary size. Raised by ``Engine.add_request`` (and ``generate``,
+    before it adds anything): the engine is unchanged and its other requests keep running.
+
+    ``request_id`` names the request (``None`` for ``generate``, which names the prompt by its
+    ``prompt_index`` in the batch); ``token`` is the bad value, at ``position`` in the prompt;
+    ``vocab_size`` is the model's (``None`` when the model does not say).
+    """
+
+    def __init__(self, request_id, token, position: int, vocab_size: int | None,
+                 prompt_index: int | None = None) -> None:
+        self.request_id = request_id
+        self.token = token
+        self.position = position
+        self.vocab_size = vocab_size
+        self.prompt_index = prompt_index
+        who = f"request {request_id!r}" if request_id is not None else f"prompt {prompt_index} of the batch"
+        if not isinstance(token, int):
+            why = f"is not an integer ({type(token).__name__})"
+        elif vocab_size is not None:
+            why = f"is outside the model's vocabulary [0, {vocab_size})"
+        else:
+            why = "is outside [0, 2**32)"
+        super().__init__(f"{who}: token id {token!r} at position {position} {why}")
+
+    def __reduce__(self):
+        return type(self), (self.request_id, self.token, self.position, self.vocab_size, self.prompt_index)
+
+
+def check_prompt_tokens(prompt, vocab_size: int | None, request_id=None,
+                        prompt_index: int | None = None) -> tuple[int, ...]:
+    """``prompt`` as a tuple of ints, every one in ``[0, vocab_size)`` (``[0, 2**32)`` when the
+    vocabulary size is unknown); ``InvalidRequestTokens`` naming the first bad one otherwise.
+    Integers of any kind (numpy, 0-d torch) are accepted; floats and strings are not."""
+    limit = 2**32 if vocab_size is None else min(int(vocab_size), 2**32)
+    tokens = []
+    for position, value in enumerate(prompt):
+        try:
+            token = operator.index(value)
+        except TypeError:
+            raise InvalidRequestTokens(request_id, value, position, vocab_size, prompt_index) from None
+        if not 0 <= token < limit:
+            raise InvalidRequestTokens(request_id, token, position, vocab_size, prompt_index)
+        tokens.append(token)
+    return tuple(tokens)
 
 
 class RequestStatus(enum.Enum):

@@ -4,6 +4,11 @@ A temperature sample for output position ``i`` of a request draws from a
 generator seeded with ``(seed, i)``: the same token whatever the batch, the
 chunking or a preemption in between, and the same as a standalone loop that
 calls ``sample`` with the same arguments.
+
+``seed`` is the request's: the engine resolves ``SamplingParams(seed=None)``
+to a per-request seed when the request is added (see ``SamplingParams`` and
+``Engine``), so ``request.sampling`` is what to pass here to reproduce a
+request. A standalone call with ``seed=None`` uses seed 0.
 """
 
 from __future__ import annotations
@@ -23,6 +28,6 @@ def sample(logits: torch.Tensor, params: SamplingParams, output_index: int) -> i
     """The next token from a ``[vocab]`` row of logits: argmax, or a seeded draw at ``params.temperature``."""
     if params.greedy:
         return int(torch.argmax(logits))
-    gen = torch.Generator(device="cpu").manual_seed(_seed(params.seed, output_index))
+    gen = torch.Generator(device="cpu").manual_seed(_seed(0 if params.seed is None else params.seed, output_index))
     probs = torch.softmax(logits.detach().to("cpu", torch.float64) / params.temperature, dim=-1)
     return int(torch.multinomial(probs, 1, generator=gen))
