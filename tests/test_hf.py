@@ -513,3 +513,131 @@ def test_out_of_blocks_during_decode_leaves_a_consistent_cache(model):
         store.check_invariants()
     store.check_invariants()
     assert store.stats().active_blocks == 0
+
+
+# -- one store per model -----------------------------------------------------------------
+def test_store_refuses_kv_of_another_model(model):
+    """Model B of the same shape must not be handed model A's cached KV (wrong tokens, silently)."""
+    torch.manual_seed(1)
+    other = LlamaForCausalLM(_config()).eval()              # same architecture, other weights
+    store = _store(model)
+    ids = torch.tensor([SYSTEM + _ids(45, 9)])
+    _run(model, store, ids)                                  # model A writes KV into the store
+    with pytest.raises(ValueError, match="another model.*one store per model.*store.reset"):
+        store.cache(other)
+    # A cache built for B before A wrote anything is refused at its first forward.
+    fresh = _store(model)
+    cache_b = fresh.cache(other)
+    _run(model, fresh, ids)
+    with cache_b, pytest.raises(ValueError, match="another model"):
+        cache_b.prepare(ids)
+        other.generate(ids, cache=cache_b, max_new_tokens=2, do_sample=False)
+    assert fresh.stats().active_blocks == 0
+    # reset() forgets A's blocks and binds the store to B: no hits, B's own tokens.
+    store.reset(other)
+    out, counters, calls, info = _run(other, store, ids)
+    assert info.hit_tokens == (0,) and torch.equal(out, _reference(other, ids))
+    with pytest.raises(ValueError, match="another model"):
+        store.cache(model)
+
+
+# -- other architectures --------------------------------------------------------------
+def _tiny(arch: str, **overrides):
+    import transformers
+
+    torch.manual_seed(0)
+    if arch == "opt":
+        cfg = transformers.OPTConfig(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                                     vocab_size=VOCAB, word_embed_proj_dim=64, pad_token_id=PAD, **overrides)
+        return transformers.OPTForCausalLM(cfg).eval()
+    if arch == "gpt2":
+        cfg = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, pad_token_id=PAD,
+                                      **overrides)
+        return transformers.GPT2LMHeadModel(cfg).eval()
+    if arch == "falcon":
+        cfg = transformers.FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB,
+                                        initializer_range=0.5, pad_token_id=PAD, **overrides)
+        return transformers.FalconForCausalLM(cfg).eval()
+    if arch == "mistral":
+        cfg = transformers.MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB,
+                                         pad_token_id=PAD, eos_token_id=None, **overrides)
+        return transformers.MistralForCausalLM(cfg).eval()
+    if arch == "bloom":
+        cfg = transformers.BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=VOCAB, pad_token_id=PAD)
+        return transformers.BloomForCausalLM(cfg).eval()
+    raise AssertionError(arch)
+
+
+def _cached_prefix_matches_reference(m, mode="gather"):
+    """Warm the store, then a left-padded batch with a cached prefix: equal to DynamicCache, prefill skipped."""
+    ref_model = copy.deepcopy(m)
+    if mode == "paged":
+        m.set_attn_implementation(PAGED_ATTENTION)
+    store = _store(m)
+    _run(m, store, torch.tensor([SYSTEM + _ids(46, 3)]), mode=mode, pad_token_id=PAD)
+    ids, mask = _left_pad([SYSTEM + _ids(47, 5), _ids(48, 7)])
+    out, counters, calls, info = _run(m, store, ids, mask, mode=mode, pad_token_id=PAD)
+    assert torch.equal(out, _reference(ref_model, ids, mask, pad_token_id=PAD))
+    assert info.hit_tokens == (24, 0) and calls[0] == (2, ids.shape[1] - info.cached_columns)
+
+
+@pytest.mark.parametrize("arch,mode", [("opt", "gather"), ("opt", "paged"), ("gpt2", "gather"), ("gpt2", "paged")])
+def test_models_whose_lm_skips_the_base_model_forward(arch, mode):
+    """OPTForCausalLM calls self.model.decoder, never self.model: the cache follows the top-level model."""
+    _cached_prefix_matches_reference(_tiny(arch), mode)
+
+
+@pytest.mark.parametrize("overrides,kv_heads", [(dict(multi_query=True), 1), (dict(multi_query=False), 4),
+                                                (dict(new_decoder_architecture=True, num_kv_heads=2), 4)])
+def test_falcon_kv_heads_and_generation(overrides, kv_heads):
+    """Falcon hands the cache 1 K/V head (multi_query) or one per query head (new_decoder_architecture
+    broadcasts its grouped K/V): the pool is sized for what update() receives."""
+    from prefixkv.integrations.hf import model_kv_spec
+
+    m = _tiny("falcon", **overrides)
+    assert model_kv_spec(m).kv_heads == kv_heads
+    _cached_prefix_matches_reference(m)
+    # Falcon computes attention inline: the paged attention function would never run.
+    with pytest.raises(ValueError, match="never calls the registered attention function.*mode='gather'"):
+        PrefixKVCache(_store(m), m, mode="paged")
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(alibi=True)])
+def test_alibi_models_are_refused_up_front(overrides):
+    m = _tiny("bloom") if not overrides else _tiny("falcon", **overrides)
+    with pytest.raises(ValueError, match="ALiBi.*not support"):
+        _store(m)
+
+
+def test_reusing_a_cache_for_a_new_prompt_without_prepare_says_so(model):
+    store = _store(model)
+    with store.cache(model) as cache:
+        model.generate(torch.tensor([SYSTEM]), cache=cache, max_new_tokens=4, do_sample=False)
+        with pytest.raises(ValueError, match=r"still holds 1 row.*previous call.*call cache\.prepare"):
+            model.generate(torch.tensor([_ids(49, 3)]), cache=cache, max_new_tokens=4, do_sample=False)
+    assert store.stats().active_blocks == 0
+
+
+@pytest.mark.parametrize("mode", ["gather", "paged"])
+def test_sliding_window_longer_than_every_sequence(mode):
+    """Mistral's default config (sliding_window=4096): while no sequence outgrows the window it masks
+    nothing, and the cache is exact."""
+    _cached_prefix_matches_reference(_tiny("mistral"), mode)
+
+
+@pytest.mark.parametrize("mode", ["gather", "paged"])
+def test_sequence_outgrowing_the_sliding_window_is_refused(mode):
+    m = _tiny("mistral", sliding_window=12)
+    if mode == "paged":
+        m.set_attn_implementation(PAGED_ATTENTION)
+    store = _store(m)
+    with store.cache(m, mode=mode) as cache:
+        with pytest.raises(NotImplementedError, match="13 tokens outgrows the model's sliding window"):
+            cache.prepare(torch.tensor([_ids(50, 13)]))
+        ids = torch.tensor([_ids(51, 8)])
+        cache.prepare(ids)
+        with pytest.raises(NotImplementedError, match="sliding window"):     # 8 + 5 fed tokens > 12
+            m.generate(ids, cache=cache, max_new_tokens=6, do_sample=False)
+    store.check_invariants()
+    assert store.stats().active_blocks == 0

@@ -254,7 +254,7 @@ def test_refuses_a_sequence_longer_than_the_sliding_window():
     assert_clean(engine)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "mistral"])
+@pytest.mark.parametrize("arch", ["qwen2", "mistral", "opt", "bigcode"])
 def test_other_architectures(arch):
     import transformers
 
@@ -263,6 +263,14 @@ def test_other_architectures(arch):
                   pad_token_id=0, bos_token_id=1, eos_token_id=None, initializer_range=0.2)
     if arch == "qwen2":
         cfg, cls = transformers.Qwen2Config(**common), transformers.Qwen2ForCausalLM
+    elif arch == "opt":
+        cfg = transformers.OPTConfig(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                                     vocab_size=VOCAB, word_embed_proj_dim=64, pad_token_id=0, eos_token_id=None)
+        cls = transformers.OPTForCausalLM
+    elif arch == "bigcode":      # multi-query: one K/V head
+        cfg = transformers.GPTBigCodeConfig(n_embd=64, n_layer=2, n_head=4, vocab_size=VOCAB, multi_query=True,
+                                            initializer_range=0.5, pad_token_id=0, eos_token_id=None)
+        cls = transformers.GPTBigCodeForCausalLM
     else:
         cfg, cls = transformers.MistralConfig(**common, sliding_window=4096), transformers.MistralForCausalLM
     torch.manual_seed(1)
@@ -277,3 +285,55 @@ def test_other_architectures(arch):
     assert_matches_reference(engine, ref, ids)
     assert engine.summary()["prefix_hit_tokens"] > 0
     assert_clean(engine)
+
+
+def _falcon(**overrides):
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.FalconConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB,
+                                    initializer_range=0.5, pad_token_id=0, **overrides)
+    return transformers.FalconForCausalLM(cfg).eval()
+
+
+def _bloom():
+    import transformers
+
+    torch.manual_seed(0)
+    return transformers.BloomForCausalLM(transformers.BloomConfig(hidden_size=64, n_layer=2, n_head=4,
+                                                                  vocab_size=VOCAB)).eval()
+
+
+@pytest.mark.parametrize("make", [_falcon, _bloom], ids=["falcon", "bloom"])
+def test_refuses_models_whose_attention_bypasses_the_attention_function(make):
+    """Falcon and Bloom compute attention inline: the pool would never be written (silently wrong tokens)."""
+    m = make()
+    with pytest.raises(ValueError, match=f"cannot run {type(m).__name__}.*never calls the registered attention"):
+        HFEngineModel(m)
+
+
+def test_a_layer_that_skips_the_engine_attention_is_caught(monkeypatch):
+    """Even where the class claims attention-backend support, each forward checks that every layer ran
+    the engine attention (here Falcon, with the class flag forced)."""
+    import transformers
+
+    monkeypatch.setattr(transformers.FalconForCausalLM, "_supports_attention_backend", True)
+    engine = engine_for(HFEngineModel(_falcon()))
+    with pytest.raises(RuntimeError, match=r"FalconForCausalLM: .*layer\(s\) \[0, 1\] did not run"):
+        engine.generate([[3, 4, 5, 6, 7]], max_new_tokens=3)
+
+
+@pytest.mark.parametrize("overrides,kv_heads", [(dict(multi_query=True), 1), (dict(multi_query=False), 4),
+                                                (dict(new_decoder_architecture=True, num_kv_heads=2), 4)])
+def test_falcon_kv_heads(overrides, kv_heads):
+    from prefixkv.integrations.hf_engine import HFEngineConfig
+
+    m = _falcon(**overrides)
+    assert HFEngineConfig(m.config, torch.float32).kv_spec().kv_heads == kv_heads
+
+
+def test_refuses_alibi_models():
+    from prefixkv.integrations.hf_engine import HFEngineConfig
+
+    with pytest.raises(ValueError, match="ALiBi"):
+        HFEngineConfig(_falcon(alibi=True).config, torch.float32)

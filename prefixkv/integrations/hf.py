@@ -60,6 +60,10 @@ gathers internally; the CUDA kernels read the pool in place).
 * *num_return_sequences > 1* (and beam search): ``generate`` repeats each row;
   the cache forks the row's sequence (blocks shared, copy-on-write on the first
   divergent write of a shared tail) instead of storing copies.
+* *A second prompt on the same cache.* Call ``prepare`` again (it releases the
+  previous rows). Without it the cache still holds the previous call's rows and
+  columns; ``generate`` slices the new ids past them and the forward is refused
+  with a message saying so.
 * *After generate.* The cache holds, per row, the prompt and every generated
   token *except the last one*: the last sampled token was never fed to the
   model, so its KV does not exist (``get_seq_length() == sequences.shape[1] - 1``,
@@ -74,10 +78,40 @@ gathers internally; the CUDA kernels read the pool in place).
   never run, or a forward that raised, cannot hand unwritten KV to another
   request.
 
-Not supported (refused with an error): sliding-window, chunked, linear-attention
-or KV-sharing layers, encoder-decoder models, ``inputs_embeds`` without
-``input_ids`` (the prefix cache hashes token ids), ``crop`` (assisted/speculative
-decoding), multi-dimensional position ids.
+**One store per model.** Cached KV is only valid for the weights that computed
+it, and hits are looked up by token ids alone, so a store is bound to one model
+object (see ``PrefixKVStore``): a cache for any other model, even a same-shape
+one, is refused with ``ValueError``; ``store.reset(model)`` forgets every cached
+block and rebinds it.
+
+**Hooks.** A cache follows each forward through hooks on the model it was built
+for (the top-level model, which ``generate`` calls, and its base model); nested
+hooked calls count as one forward. The top-level hook is what makes models whose
+``*ForCausalLM`` bypasses the base model's ``forward`` work (OPT calls
+``self.model.decoder``).
+
+**Sliding windows.** A sliding-window model (Mistral's default
+``sliding_window=4096``, ``layer_types`` with ``"sliding_attention"``) is
+accepted while no sequence is longer than the window: then the window masks
+nothing. ``prepare`` or the forward that would grow a sequence past it raises
+``NotImplementedError`` (the cache keeps and attends to every token).
+
+**Architectures.** Any decoder-only model whose attention calls ``cache.update``
+works in ``mode="gather"`` (Llama, Mistral, Qwen2, GPT-2, GPT-BigCode, OPT,
+Falcon with rotary positions, ...). ``mode="paged"`` also needs the attention to
+go through the registered attention function; models that compute it inline
+(``_supports_attention_backend = False``: Falcon, Bloom) are refused for it.
+Falcon's KV head count follows its config (``multi_query``: 1;
+``new_decoder_architecture``: one per query head, as its attention broadcasts
+the grouped K/V before ``cache.update``).
+
+Not supported (refused with an error): ALiBi models (Bloom, MPT, Falcon with
+``alibi=True``: the paged kernels have no ALiBi bias, and they take no position
+ids, through which the cache checks every forward's positions), chunked,
+linear-attention or KV-sharing layers, sequences longer than a sliding window,
+encoder-decoder models, ``inputs_embeds`` without ``input_ids`` (the prefix
+cache hashes token ids), ``crop`` (assisted/speculative decoding),
+multi-dimensional position ids.
 
 The integration is pinned to transformers ``SUPPORTED_TRANSFORMERS``: the cache
 API changed in 5.17, 5.23 and 5.24. Importing this module under another version
@@ -124,8 +158,8 @@ def _check_transformers_version(version: str = transformers.__version__) -> None
 
 _check_transformers_version()
 
-from .hf_paged import (PAGED_ATTENTION, PAGED_KWARG, PagedCall, PagedStep,  # noqa: E402
-                       paged_attention_forward, register)
+from .hf_paged import (ALIBI_REASON, PAGED_ATTENTION, PAGED_KWARG, PagedCall, PagedStep,  # noqa: E402
+                       alibi_of, attention_backend_problem, kv_heads_of, paged_attention_forward, register)
 
 register()
 
@@ -146,14 +180,27 @@ def _check_supported_config(config) -> None:
     if getattr(config, "is_encoder_decoder", False):
         raise ValueError("PrefixKVCache supports decoder-only models, not encoder-decoder ones")
     layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None and any(t != "full_attention" for t in layer_types):
-        raise ValueError(f"PrefixKVCache supports full-attention layers only, got {sorted(set(layer_types))}")
+    if layer_types is not None and any(t not in ("full_attention", "sliding_attention") for t in layer_types):
+        raise ValueError(f"PrefixKVCache supports full-attention (and sliding-window) layers only, got "
+                         f"{sorted(set(layer_types))}")
     if getattr(config, "kv_sharing_modes", None) is not None:
         raise ValueError("PrefixKVCache does not support KV sharing between layers")
-    if getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True):
-        raise ValueError("PrefixKVCache does not support sliding-window attention")
     if getattr(config, "attention_chunk_size", None) is not None:
         raise ValueError("PrefixKVCache does not support chunked attention")
+    if alibi_of(config):
+        raise ValueError(f"{getattr(config, 'model_type', None) or type(config).__name__} uses ALiBi attention "
+                         f"biases, which PrefixKVCache does not support: {ALIBI_REASON}")
+
+
+def _sliding_window(config) -> int | None:
+    """The sliding window of any layer (``None``: every layer attends to its whole history)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if "sliding_attention" in layer_types else None
+    if window is not None and getattr(config, "use_sliding_window", True):
+        return int(window)
+    return None
 
 
 def model_kv_spec(model_or_config, dtype: torch.dtype | str | None = None) -> KVSpec:
@@ -161,7 +208,7 @@ def model_kv_spec(model_or_config, dtype: torch.dtype | str | None = None) -> KV
     config = _text_config(model_or_config)
     _check_supported_config(config)
     heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    kv_heads = kv_heads_of(config)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     if dtype is None:
         dtype = getattr(model_or_config, "dtype", None) if hasattr(model_or_config, "parameters") else None
@@ -181,6 +228,16 @@ class PrefixKVStore:
     ``device`` default to the model's. ``impl`` is passed to
     ``paged_attention`` in paged mode. ``hash_seed``, ``policy``, ``verify``
     and ``enable_caching`` go to ``KVCacheManager``.
+
+    **One store per model.** Cached KV is only valid for the weights that
+    computed it, and prefix hits are looked up by token ids alone. A store is
+    therefore bound to one model object: the ``model`` given here (if it is a
+    ``torch.nn.Module``), until KV is first written; from then on to the model
+    whose cache wrote it. ``store.cache(other_model)`` (or
+    ``PrefixKVCache(store, other_model)``) for any other object, even one of
+    the same shape or a copy, raises ``ValueError``. ``reset(model)`` forgets
+    every cached block and binds the store to ``model`` (after a change of
+    weights in place, call it too: the store cannot notice that).
     """
 
     def __init__(self, model, *, num_blocks: int | None = None, pool_bytes: int | str | None = None,
@@ -203,10 +260,34 @@ class PrefixKVStore:
         # Blocks whose hash may be published but whose KV is not known to be completely written.
         self.pending: set[int] = set()
         self._ids = itertools.count()
+        # The model whose KV this store holds (weak: the store does not keep a model alive).
+        self._model_ref = weakref.ref(model) if isinstance(model, torch.nn.Module) else None
+        self._kv_written = False     # once True, the binding is fixed until reset()
 
     def cache(self, model, mode: str = "gather") -> "PrefixKVCache":
         """A new ``PrefixKVCache`` on this store for ``model`` (the model you call ``generate`` on)."""
         return PrefixKVCache(self, model, mode=mode)
+
+    def reset(self, model=None) -> None:
+        """Forget every cached block (no prefix hits from earlier KV) and bind the store to ``model``
+        (``None``: to the next model that uses it). Refused (``CacheBusy``) while a cache holds rows:
+        release them first."""
+        self.manager.reset_prefix_cache()
+        self.pending.clear()
+        self._model_ref = weakref.ref(model) if isinstance(model, torch.nn.Module) else None
+        self._kv_written = False
+
+    def _bind(self, model) -> None:
+        """Refuse a model other than the one whose KV this store holds."""
+        bound = self._model_ref() if self._model_ref is not None else None
+        if bound is model:
+            return
+        if self._model_ref is None or not self._kv_written:
+            self._model_ref = weakref.ref(model)
+            return
+        raise ValueError(f"this store holds KV computed by another model; build one store per model "
+                         f"(PrefixKVStore(model, ...)), or call store.reset(model) to forget every cached block "
+                         f"and bind the store to this {type(model).__name__}")
 
     def stats(self):
         """The manager's ``CacheStats`` (active/evictable/free blocks, prefix hits, COW copies, ...)."""
@@ -271,6 +352,14 @@ def _hookable(model) -> torch.nn.Module:
     return base if isinstance(base, torch.nn.Module) else model
 
 
+def _hook_targets(model) -> list[torch.nn.Module]:
+    """The modules whose forward a cache follows: the model you call (``generate`` calls it) and
+    its base model (for direct calls). Some ``*ForCausalLM`` skip the base model's forward (OPT
+    calls ``self.model.decoder``), so the top-level model is the one every architecture passes."""
+    base = _hookable(model)
+    return [model] if base is model else [model, base]
+
+
 _SIGNATURES: dict[type, inspect.Signature] = {}
 
 
@@ -297,23 +386,27 @@ def _pre_forward(module, args, kwargs):
     arguments = _forward_arguments(module, args, kwargs)
     cache = _cache_of(arguments)
     if cache is not None:
-        cache._begin_forward(module, arguments)
+        cache._enter(module, arguments)
     return None
 
 
 def _post_forward(module, args, kwargs, output):
+    # Registered with always_call=True: also runs (output None) when the forward raised, so the
+    # nesting depth stays balanced.
     cache = _cache_of(_forward_arguments(module, args, kwargs))
     if cache is not None:
-        cache._end_forward(module)
+        cache._exit(module, output)
     return None
 
 
-def _install_hooks(model) -> torch.nn.Module:
-    module = _hookable(model)
-    if getattr(module, "_prefixkv_hooks", None) is None:
-        module._prefixkv_hooks = (module.register_forward_pre_hook(_pre_forward, with_kwargs=True),
-                                  module.register_forward_hook(_post_forward, with_kwargs=True))
-    return module
+def _install_hooks(model) -> list[torch.nn.Module]:
+    targets = _hook_targets(model)
+    for module in targets:
+        # Looked up by function, not by a flag attribute: a deepcopy of a hooked model carries the hooks.
+        if not any(hook is _pre_forward for hook in module._forward_pre_hooks.values()):
+            module.register_forward_pre_hook(_pre_forward, with_kwargs=True)
+            module.register_forward_hook(_post_forward, with_kwargs=True, always_call=True)
+    return targets
 
 
 # -- the cache ---------------------------------------------------------------------
@@ -420,18 +513,25 @@ class PrefixKVCache(Cache):
         model_device = getattr(model, "device", None)
         if model_device is not None and torch.device(model_device) != store.kv.device:
             raise ValueError(f"the model is on {model_device} but the store's pool is on {store.kv.device}")
+        if mode == "paged" and attention_backend_problem(model) is not None:
+            raise ValueError(f"mode='paged' cannot work with this model: {attention_backend_problem(model)}; "
+                             f"use mode='gather'")
         if mode == "paged" and _attn_implementation(model) != PAGED_ATTENTION:
             raise ValueError(f"mode='paged' needs the model's attention to be {PAGED_ATTENTION!r}: "
                              f"model.set_attn_implementation({PAGED_ATTENTION!r}) (currently "
                              f"{_attn_implementation(model)!r}); or use mode='gather'")
+        store._bind(model)
         self.store = store
         self.mode = mode
+        self._model = weakref.ref(model)
+        self._window = _sliding_window(_text_config(model))
+        self._depth = 0             # nesting of hooked forwards (top-level model, base model)
         self._rows: list[_Row] = []
         self._columns = 0
         self._forward: _Forward | None = None
         self._fresh = False         # prepared, no forward run yet
         self._broken: str | None = None
-        self._decoder = weakref.ref(_install_hooks(model))
+        self._targets = [weakref.ref(module) for module in _install_hooks(model)]
         generation_config = getattr(model, "generation_config", None)
         pad = getattr(generation_config, "pad_token_id", None)
         if pad is None:
@@ -475,6 +575,7 @@ class PrefixKVCache(Cache):
             manager.free(row.seq)
         self._set_columns(0)
         self._forward = None
+        self._depth = 0
         self._fresh = False
         self._broken = None
 
@@ -543,6 +644,9 @@ class PrefixKVCache(Cache):
         manager = store.manager
         size = store.block_size
         ids = input_ids.tolist()
+        if self._window is not None:
+            longest = max(len(ids[b]) - pad for b, pad in enumerate(pads))
+            self._check_window(longest)
         rows: list[_Row] = []
         try:
             for b, pad in enumerate(pads):
@@ -572,6 +676,32 @@ class PrefixKVCache(Cache):
         self.counters["prompt_tokens"] += sum(len(row.tokens) for row in rows)
         self.counters["hit_tokens"] += sum(row.own_start for row in rows)
 
+    def _check_window(self, length: int) -> None:
+        if self._window is not None and length > self._window:
+            raise NotImplementedError(
+                f"a sequence of {length} tokens outgrows the model's sliding window ({self._window}): "
+                f"PrefixKVCache keeps and attends to every token's KV, which equals sliding-window attention "
+                f"only while no sequence is longer than the window")
+
+    def _owns(self, module) -> bool:
+        return any(ref() is module for ref in self._targets)
+
+    def _enter(self, module, arguments: dict) -> None:
+        self._depth += 1          # first: the always-called post hook decrements it even if this raises
+        if self._depth > 1:       # the base model inside the top-level model's forward
+            if not self._owns(module):
+                raise RuntimeError("this PrefixKVCache was built for another model; build one per model "
+                                   "(PrefixKVCache(store, model))")
+            return
+        self._begin_forward(module, arguments)
+
+    def _exit(self, module, output) -> None:
+        if self._depth == 0:
+            return
+        self._depth -= 1
+        if self._depth == 0 and output is not None:   # None: the forward raised (stays unfinished)
+            self._end_forward(module)
+
     def _select_rows(self, indices: list[int]) -> None:
         if self._forward is not None:
             raise RuntimeError("cannot change the batch in the middle of a forward")
@@ -598,9 +728,12 @@ class PrefixKVCache(Cache):
 
     def _begin_forward(self, module, arguments: dict) -> None:
         self._check_usable()
-        if self._decoder() is not module:
+        if not self._owns(module):
             raise RuntimeError("this PrefixKVCache was built for another model; build one per model "
                                "(PrefixKVCache(store, model))")
+        model = self._model()
+        if model is not None:
+            self.store._bind(model)       # another cache on this store may have bound it meanwhile
         if self.mode == "paged" and _attn_implementation(module) != PAGED_ATTENTION:
             raise RuntimeError(f"mode='paged' needs attn_implementation={PAGED_ATTENTION!r}, the model now uses "
                                f"{_attn_implementation(module)!r}")
@@ -614,8 +747,17 @@ class PrefixKVCache(Cache):
         position_ids = arguments.get("position_ids")
         batch, q_len = input_ids.shape
         if q_len == 0:
-            raise ValueError("a forward with no tokens: the cache would not grow; was the prompt fully cached "
-                             "and sliced away?")
+            if self._rows and not self._fresh:
+                raise ValueError(
+                    f"a forward with no new tokens: this cache still holds {len(self._rows)} row(s) of "
+                    f"{self._columns} column(s) from its previous call, so generate sliced the input to "
+                    f"input_ids[:, {self._columns}:] and nothing was left. For a new prompt call "
+                    f"cache.prepare(input_ids, attention_mask) first (or use a new store.cache(model)); to "
+                    f"continue the held rows pass the full sequence (held tokens + new ones), or only the new "
+                    f"ids with an attention mask covering the whole sequence")
+            raise ValueError(f"a forward with no tokens: the cache holds {self._columns} column(s) and generate "
+                             f"sliced them all away; pass the full prompt given to prepare(), or the uncached "
+                             f"suffix with an attention mask covering the whole sequence")
         if not self._rows:
             # Lazy admission from the first forward: it must be the whole prompt.
             if isinstance(attention_mask, torch.Tensor) and attention_mask.shape[-1] != q_len:
@@ -702,6 +844,8 @@ class PrefixKVCache(Cache):
             news.append(row_ids[overlap:])
         if not any(news):
             return False
+        if self._window is not None:
+            self._check_window(max(len(row.tokens) + len(new) for row, new in zip(self._rows, news)))
         seqs = [row.seq for row in self._rows]
         if all(len(new) == 1 for new in news):
             manager.decode_step(seqs, [new[0] for new in news])   # all or nothing
@@ -748,6 +892,7 @@ class PrefixKVCache(Cache):
                 src_index = torch.from_numpy(src).to(device)
             dst_slots = torch.from_numpy(dst).to(device)
             self.counters["written_tokens"] += len(dst)
+            store._kv_written = True
         self.counters["computed_tokens"] += computed
         self.counters["forwards"] += 1
         fwd = _Forward(col0=col0, batch=batch, q_len=q_len, src_index=src_index, dst_slots=dst_slots,
@@ -792,7 +937,8 @@ class PrefixKVCache(Cache):
                 index = torch.from_numpy(np.concatenate(
                     [np.arange(b * q_len + q_len - r, (b + 1) * q_len) for b, r in enumerate(real)])).to(device)
         return PagedStep(store=self.store.kv, block_tables=tables, seq_lens=seq_lens, query_start_loc=starts,
-                         query_index=index, batch=batch, q_len=q_len, kv_columns=columns, impl=self.store.impl)
+                         query_index=index, batch=batch, q_len=q_len, kv_columns=columns, impl=self.store.impl,
+                         max_seq_len=int(lens.max()) if batch else 0)
 
     def _end_forward(self, module) -> None:
         fwd = self._forward

@@ -37,9 +37,19 @@ it.
 
 Supported: decoder-only models whose attention modules call the registered
 attention function with ``(module, query, key, value, attention_mask, scaling=...)``
-and carry ``layer_idx`` (Llama, Mistral, Qwen2 and the many models built the
-same way). A sliding window is accepted only while no sequence outgrows it
-(then it masks nothing); softcapping, attention sinks and the like are refused.
+and carry ``layer_idx`` (Llama, Mistral, Qwen2, GPT-2, OPT and the many models
+built the same way). A sliding window is accepted only while no sequence
+outgrows it (then it masks nothing); softcapping, attention sinks and the like
+are refused.
+
+Refused: models whose attention modules compute attention inline and never call
+the registered attention function (transformers marks them
+``_supports_attention_backend = False``: Falcon, Bloom, ...): the KV pool would
+never be written and the output would be silently wrong. ``HFEngineModel``
+refuses them up front, and every engine forward checks that each decoder layer
+ran ``engine_attention_forward`` exactly once (else ``RuntimeError`` naming the
+architecture). ALiBi models (Bloom, MPT, Falcon with ``alibi=True``) are refused
+too: the paged kernels have no ALiBi bias.
 """
 
 from __future__ import annotations
@@ -55,6 +65,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from prefixkv.attention import paged_attention
 from prefixkv.sizing import KVSpec
 
+from .hf_paged import ALIBI_REASON, alibi_of, attention_backend_problem, kv_heads_of
+
 __all__ = ["ENGINE_ATTENTION", "ENGINE_KWARG", "HFEngineConfig", "HFEngineModel", "engine_attention_forward",
            "engine_mask", "engine_from_hf", "register"]
 
@@ -68,12 +80,19 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat
 _in_engine_forward: contextvars.ContextVar[bool] = contextvars.ContextVar("prefixkv_engine_forward", default=False)
 
 
+# The layers whose attention ran through the engine attention in the current engine forward.
+_engine_layers: contextvars.ContextVar[list | None] = contextvars.ContextVar("prefixkv_engine_layers", default=None)
+
+
 @contextlib.contextmanager
 def _engine_forward():
     token = _in_engine_forward.set(True)
+    layers: list[int] = []
+    layers_token = _engine_layers.set(layers)
     try:
-        yield
+        yield layers
     finally:
+        _engine_layers.reset(layers_token)
         _in_engine_forward.reset(token)
 
 
@@ -111,6 +130,9 @@ def engine_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     if window is not None and int(backend.seq_lens.max()) > int(window):
         raise NotImplementedError(f"{ENGINE_ATTENTION}: a sequence of {int(backend.seq_lens.max())} tokens outgrows "
                                   f"the sliding window ({window}); sliding-window paged attention is not implemented")
+    seen = _engine_layers.get()
+    if seen is not None:
+        seen.append(int(layer))
     q = query[0].transpose(0, 1)                       # [T, Hq, d]
     k = key[0].transpose(0, 1).contiguous()            # [T, Hkv, d]
     v = value[0].transpose(0, 1).contiguous()
@@ -136,10 +158,13 @@ class HFEngineConfig:
 
     def __init__(self, hf_config, dtype: torch.dtype) -> None:
         self.hf_config = hf_config
+        if alibi_of(hf_config):
+            raise ValueError(f"{getattr(hf_config, 'model_type', None) or type(hf_config).__name__} uses ALiBi "
+                             f"attention biases, which the engine does not support: {ALIBI_REASON}")
         heads = hf_config.num_attention_heads
         self.num_layers = int(hf_config.num_hidden_layers)
         self.num_heads = int(heads)
-        self.num_kv_heads = int(getattr(hf_config, "num_key_value_heads", None) or heads)
+        self.num_kv_heads = kv_heads_of(hf_config)
         self.head_dim = int(getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads)
         self.vocab_size = int(hf_config.vocab_size)
         if dtype not in _DTYPE_NAMES:
@@ -167,6 +192,10 @@ class HFEngineModel:
         hf_config = model.config
         if getattr(hf_config, "is_encoder_decoder", False):
             raise ValueError("HFEngineModel runs decoder-only models; this one is encoder-decoder")
+        problem = attention_backend_problem(model)
+        if problem is not None:
+            raise ValueError(f"HFEngineModel cannot run {type(model).__name__}: {problem}, so the engine's KV "
+                             f"pool would never be written and the output would be wrong")
         base = model.get_decoder() if hasattr(model, "get_decoder") else None
         if base is None:
             base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
@@ -184,6 +213,7 @@ class HFEngineModel:
         self.base = base
         self.lm_head = head
         self.config = HFEngineConfig(hf_config, next(model.parameters()).dtype)
+        self._arch = type(model).__name__
         self._logit_scale = getattr(hf_config, "logit_scale", None)
         self._softcap = getattr(hf_config, "final_logit_softcapping", None)
 
@@ -195,9 +225,17 @@ class HFEngineModel:
         """Hidden states ``[T, hidden]`` of the packed row; ``attention`` is the engine's
         ``PagedAttentionBackend`` (``kv_store``, ``slot_mapping``, ``block_tables``, ``seq_lens``,
         ``query_start_loc``, ``impl``)."""
-        with _engine_forward():
+        with _engine_forward() as layers:
             out = self.base(input_ids=token_ids.reshape(1, -1), position_ids=positions.reshape(1, -1),
                             use_cache=False, **{ENGINE_KWARG: attention})
+        if sorted(layers) != list(range(self.config.num_layers)):
+            missing = sorted(set(range(self.config.num_layers)) - set(layers))
+            raise RuntimeError(
+                f"{self._arch}: in an engine forward, layer(s) {missing or sorted(layers)} did not run the "
+                f"{ENGINE_ATTENTION!r} attention exactly once ({len(layers)} call(s) for "
+                f"{self.config.num_layers} layers): their attention bypassed the engine's KV pool, so the output "
+                f"would be wrong. {self._arch} is not supported by HFEngineModel (its attention modules must call "
+                f"the registered attention function)")
         return out.last_hidden_state[0]
 
     __call__ = forward

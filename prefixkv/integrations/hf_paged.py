@@ -19,6 +19,10 @@ entries under the name ``PAGED_ATTENTION``:
   from the cache's ``get_mask_sizes`` (``None`` only where that is exactly
   causal), and the paged path checks that the mask covers the whole cached
   history.
+
+A ``sliding_window`` attention argument is accepted while no sequence is longer
+than the window (it then masks nothing); ``PrefixKVCache`` refuses a sequence
+that would outgrow it before the forward runs.
 """
 
 from __future__ import annotations
@@ -32,13 +36,61 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from prefixkv.attention import paged_attention
 
-__all__ = ["PAGED_ATTENTION", "PAGED_KWARG", "PagedStep", "PagedCall", "paged_attention_forward", "register"]
+__all__ = ["PAGED_ATTENTION", "PAGED_KWARG", "PagedStep", "PagedCall", "paged_attention_forward", "register",
+           "kv_heads_of", "alibi_of", "attention_backend_problem"]
 
 PAGED_ATTENTION = "prefixkv_paged"
 PAGED_KWARG = "prefixkv_paged_call"
 
 # Attention features the paged kernels do not implement: refused rather than ignored.
-_UNSUPPORTED_KWARGS = ("softcap", "sliding_window", "s_aux", "sinks", "position_bias")
+_UNSUPPORTED_KWARGS = ("softcap", "s_aux", "sinks", "position_bias")
+
+
+# -- model facts shared by the cache (hf.py) and the engine (hf_engine.py) -------------------
+def kv_heads_of(config) -> int:
+    """The number of K/V heads a model's attention hands to the cache (what the KV pool must hold).
+
+    Usually ``num_key_value_heads`` (or ``num_attention_heads``). Falcon derives it from its own
+    fields (transformers 5.24, ``FalconAttention.forward``): with ``new_decoder_architecture`` the
+    grouped K/V are broadcast to every query head before ``cache.update`` (so ``num_attention_heads``),
+    else ``multi_query`` means 1 head and otherwise ``num_attention_heads`` (``num_kv_heads`` is only
+    read by the new architecture's fused QKV split).
+    """
+    heads = int(config.num_attention_heads)
+    if getattr(config, "model_type", None) == "falcon":
+        if getattr(config, "new_decoder_architecture", False):
+            return heads
+        return 1 if getattr(config, "multi_query", False) else int(getattr(config, "num_kv_heads", None) or heads)
+    return int(getattr(config, "num_key_value_heads", None) or heads)
+
+
+def alibi_of(config) -> bool:
+    """True for ALiBi models (Bloom, MPT, Falcon with ``alibi=True``, ...)."""
+    if getattr(config, "model_type", None) in ("bloom", "mpt"):
+        return True
+    if getattr(config, "alibi", False) is True:
+        return True
+    attn_config = getattr(config, "attn_config", None)
+    if getattr(attn_config, "alibi", False) is True or (isinstance(attn_config, dict) and attn_config.get("alibi")):
+        return True
+    return getattr(config, "position_embedding_type", None) == "alibi"
+
+
+ALIBI_REASON = ("ALiBi adds a per-head bias that the model computes from the attention mask's key positions; "
+                "prefixkv's paged kernels have no ALiBi bias, and these models take no position_ids, which is "
+                "how the cache checks that each forward's tokens sit at the positions it holds")
+
+
+def attention_backend_problem(model) -> str | None:
+    """Why ``model``'s attention cannot be replaced by a registered attention function (or ``None``).
+
+    Models with ``_supports_attention_backend = False`` (Falcon, Bloom, ...) compute attention
+    inline and never call ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]``.
+    """
+    if getattr(type(model), "_supports_attention_backend", True) is False:
+        return (f"{type(model).__name__} computes attention inside its own modules and never calls the "
+                f"registered attention function (transformers marks it _supports_attention_backend=False)")
+    return None
 
 
 @dataclass(slots=True)
@@ -55,6 +107,7 @@ class PagedStep:
     q_len: int
     kv_columns: int                    # columns of the padded history (what the model's mask spans)
     impl: str = "auto"
+    max_seq_len: int = 0               # longest history (checked against a sliding window)
     consumed: int = 0                  # layers whose attention ran through the pool this forward
 
 
@@ -76,6 +129,10 @@ def paged_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     for name in _UNSUPPORTED_KWARGS:
         if kwargs.get(name) is not None:
             raise ValueError(f"{PAGED_ATTENTION} does not support the attention argument {name!r}")
+    window = kwargs.get("sliding_window")
+    if window is not None and step.max_seq_len > int(window):
+        raise NotImplementedError(f"{PAGED_ATTENTION}: a sequence of {step.max_seq_len} tokens outgrows the sliding "
+                                  f"window ({window}); sliding-window paged attention is not implemented")
     if dropout and module.training:
         raise ValueError(f"{PAGED_ATTENTION} is for inference; attention dropout is not supported")
     if kwargs.get("output_attentions"):
