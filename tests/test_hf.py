@@ -641,3 +641,16 @@ def test_sequence_outgrowing_the_sliding_window_is_refused(mode):
             m.generate(ids, cache=cache, max_new_tokens=6, do_sample=False)
     store.check_invariants()
     assert store.stats().active_blocks == 0
+
+
+def test_multimodal_models_are_refused():
+    from transformers import LlamaConfig
+
+    from prefixkv.integrations.hf import model_kv_spec
+
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                         intermediate_size=128, vocab_size=1000)
+    assert model_kv_spec(config).kv_heads == 2
+    config.image_token_id = 999
+    with pytest.raises(ValueError, match="multimodal models are not supported \\(image_token_id"):
+        model_kv_spec(config)

@@ -176,6 +176,18 @@ def _text_config(model_or_config):
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
+_MEDIA_FIELDS = ("vision_config", "audio_config", "image_token_id", "image_token_index", "video_token_id",
+                 "audio_token_id")
+
+
+def _check_text_only(config) -> None:
+    media = [f for f in _MEDIA_FIELDS if getattr(config, f, None) is not None]
+    if media:
+        raise ValueError(f"multimodal models are not supported ({', '.join(media)} in the config): prefix hits "
+                         "are matched on token ids, so two prompts with equal image/audio placeholder tokens "
+                         "would share KV computed from different media")
+
+
 def _check_supported_config(config) -> None:
     if getattr(config, "is_encoder_decoder", False):
         raise ValueError("PrefixKVCache supports decoder-only models, not encoder-decoder ones")
@@ -205,6 +217,7 @@ def _sliding_window(config) -> int | None:
 
 def model_kv_spec(model_or_config, dtype: torch.dtype | str | None = None) -> KVSpec:
     """The ``KVSpec`` (layers, KV heads, head dim, dtype) of a decoder-only transformers model."""
+    _check_text_only(getattr(model_or_config, "config", model_or_config))
     config = _text_config(model_or_config)
     _check_supported_config(config)
     heads = config.num_attention_heads
