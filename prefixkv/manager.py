@@ -74,7 +74,7 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, block_size: int, *, policy="lru", hash_seed: int | None = None,
                  hash_algorithm: str = "xxh3_128", verify: bool = False, record_events: bool = False,
-                 enable_caching: bool = True, num_host_blocks: int = 0) -> None:
+                 enable_caching: bool = True, num_host_blocks: int = 0, track_reuse: bool = False) -> None:
         """A pool of ``num_blocks`` blocks of ``block_size`` token slots.
 
         * ``policy``: an eviction policy name (``prefixkv.policies.available_policies()``:
@@ -87,6 +87,8 @@ class KVCacheManager:
         * ``record_events``: keep KV events (stored / removed / cleared) for ``drain_events``.
         * ``enable_caching``: ``False`` turns prefix caching off (no hashes, no hits).
         * ``num_host_blocks``: host-memory blocks for ``swap_out`` / ``swap_in`` (0: no swapping).
+        * ``track_reuse``: count cache residencies that end without a single hit
+          (``stats().unused_removals``; None when off); costs a store per hit block.
         """
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -102,7 +104,8 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.hasher = BlockHasher(block_size, seed=hash_seed, algorithm=hash_algorithm)
-        self.pool = BlockPool(num_blocks, block_size, policy, verify=verify, record_events=record_events)
+        self.pool = BlockPool(num_blocks, block_size, policy, verify=verify, record_events=record_events,
+                              track_reuse=track_reuse)
         self._seqs: dict[Hashable, _Sequence] = {}
         self._copies: list[tuple[int, int]] = []
         if num_host_blocks < 0:

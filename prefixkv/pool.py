@@ -30,7 +30,7 @@ from .hashing import ExtraKeys
 
 class BlockPool:
     def __init__(self, num_blocks: int, block_size: int, policy, *, verify: bool = False,
-                 record_events: bool = False) -> None:
+                 record_events: bool = False, track_reuse: bool = False) -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         if block_size <= 0:
@@ -53,10 +53,12 @@ class BlockPool:
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pops block 0 first
         self.evictions = 0
         # Residencies: a hash cached in a physical block, from publish (or a duplicate's promotion)
-        # to eviction or reset. Counted to tell how much of what the cache took in it ever served.
-        self.insertions = 0
-        self.unused_removals = 0                           # residencies ended without a single hit
-        self._reused: list[bool] = [False] * num_blocks     # current residency hit at least once
+        # to eviction or reset. ``insertions`` is derived (nothing is counted per publish, a hot
+        # path); whether each residency served a hit is tracked only on request (``track_reuse``,
+        # as trace replays do): it costs a store per hit block.
+        self.cleared = 0                                   # residencies ended by clear_cache
+        self.unused_removals: int | None = 0 if track_reuse else None  # ended without a single hit
+        self._reused: list[bool] | None = [False] * num_blocks if track_reuse else None
         self.events: list[KVEvent] | None = [] if record_events else None
         if getattr(policy, "pool", None) is not None:
             raise ValueError(f"this {type(policy).__name__} object already serves another pool; a policy "
@@ -87,9 +89,16 @@ class BlockPool:
         """Distinct hashes in the prefix cache (active or evictable)."""
         return len(self._cached)
 
-    def num_unused_cached(self) -> int:
-        """Cached blocks whose current residency has not been hit yet (O(cached))."""
+    @property
+    def insertions(self) -> int:
+        """Residencies started: every one ended by an eviction or a reset, or is cached now."""
+        return self.evictions + self.cleared + len(self._cached)
+
+    def num_unused_cached(self) -> int | None:
+        """Cached blocks whose current residency has not been hit yet (O(cached); None untracked)."""
         reused = self._reused
+        if reused is None:
+            return None
         return sum(1 for block in self._cached.values() if not reused[block])
 
     def is_cached(self, block: int) -> bool:
@@ -99,8 +108,14 @@ class BlockPool:
     def acquire_hits(self, blocks: Iterable[int]) -> None:
         """Take one more reference on each cache-hit block (pins evictable ones)."""
         ref = self.ref_count
-        reused = self._reused
         on_hit = self.policy.on_hit
+        reused = self._reused
+        if reused is None:
+            for block in blocks:
+                count = ref[block]
+                on_hit(block, count == 0)
+                ref[block] = count + 1
+            return
         for block in blocks:
             count = ref[block]
             on_hit(block, count == 0)
@@ -154,8 +169,12 @@ class BlockPool:
         block_hash = self.block_hash[block]
         self.block_hash[block] = None
         self.evictions += 1
-        if not self._reused[block]:
-            self.unused_removals += 1
+        reused = self._reused
+        if reused is not None:
+            if reused[block]:
+                reused[block] = False
+            else:
+                self.unused_removals += 1
         duplicates = self._duplicates.get(block_hash)
         if duplicates:
             self._promote(duplicates.pop(), block_hash, block)
@@ -169,8 +188,6 @@ class BlockPool:
 
     def _promote(self, duplicate: int, block_hash: Hashable, evicted: int) -> None:
         del self._duplicate_hash[duplicate]
-        self.insertions += 1
-        self._reused[duplicate] = False
         self._cached[block_hash] = duplicate
         self.block_hash[duplicate] = block_hash
         self.parent_hash[duplicate] = self.parent_hash[evicted]
@@ -198,8 +215,6 @@ class BlockPool:
         self.block_hash[block] = block_hash
         self.parent_hash[block] = parent_hash
         self.depth[block] = depth
-        self.insertions += 1
-        self._reused[block] = False
         if self.verify:
             self.content[block] = content
         self.policy.on_cached(block)
@@ -247,7 +262,10 @@ class BlockPool:
         """
         if self.num_active:
             raise InvariantViolation("clear_cache called while blocks are active")
-        self.unused_removals += self.num_unused_cached()
+        if self._reused is not None:
+            self.unused_removals += self.num_unused_cached()
+            self._reused[:] = [False] * self.num_blocks
+        self.cleared += len(self._cached)
         self._cached.clear()
         self._duplicates.clear()
         self._duplicate_hash.clear()

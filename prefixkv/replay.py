@@ -114,7 +114,7 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
     policy_obj = make_policy(policy) if isinstance(policy, str) else policy
     block_size = trace.block_size
     requests = trace.requests
-    mgr = KVCacheManager(capacity, block_size, policy=policy_obj, hash_seed=hash_seed)
+    mgr = KVCacheManager(capacity, block_size, policy=policy_obj, hash_seed=hash_seed, track_reuse=True)
     oracle = getattr(policy_obj, "set_next_use", None)
     if name == "belady" and oracle is None:
         raise ValueError("the belady policy needs set_next_use(hash, next_time)")

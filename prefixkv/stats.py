@@ -22,7 +22,7 @@ class CacheStats:
     hit_tokens: int             # of those, served from the prefix cache
     evictions: int
     insertions: int             # hashes that entered the prefix cache (a residency each)
-    unused_removals: int        # residencies that ended (eviction, reset) without a single hit
+    unused_removals: int | None  # residencies ended (eviction, reset) without a hit; None untracked
     cow_copies: int
     preemptions: int
     recomputed_tokens: int      # tokens recomputed on resume after preemption
