@@ -162,11 +162,13 @@ class BlockPool:
         except Exception as exc:
             raise PolicyError(f"eviction policy {getattr(self.policy, 'name', type(self.policy).__name__)!r} "
                               f"raised in evict(): {type(exc).__name__}: {exc}") from exc
-        if type(block) is not int or not 0 <= block < self.num_blocks or self.ref_count[block] \
-                or self.block_hash[block] is None:
+        try:
+            block_hash = self.block_hash[block] if block >= 0 else None
+        except (IndexError, TypeError):  # not a block id
+            block_hash = None
+        if block_hash is None or self.ref_count[block]:
             raise PolicyError(f"eviction policy {getattr(self.policy, 'name', type(self.policy).__name__)!r} "
                               f"returned {block!r} from evict(), which is not an evictable cached block")
-        block_hash = self.block_hash[block]
         self.block_hash[block] = None
         self.evictions += 1
         reused = self._reused
