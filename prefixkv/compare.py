@@ -51,7 +51,18 @@ def _run_cell(source: TraceSource, policy: str, capacity: int, mode: str, warmup
 def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: dict[str, list[int]], *,
           mode: str = "cache", warmup: float = 0.0, workers: int | None = None,
           on_done: Callable[[dict], None] | None = None) -> list[dict]:
-    """Replay every (trace, policy, capacity); returns result dicts in a stable order."""
+    """Replay every (trace, policy, capacity); returns result dicts in a stable order.
+
+    ``policies`` are names or specs (``"lrfu:half_life=4"``), not objects: every cell builds its
+    own policy, in a worker process (register your class, see ``prefixkv.policies.register``)."""
+    bad = [p for p in policies if not isinstance(p, str)]
+    if bad:
+        raise TypeError(f"sweep takes policy names, not {type(bad[0]).__name__} objects: a policy keeps per-pool "
+                        "state, so each cell builds its own; register the class under a name")
+    labels = [s.label for s in sources]
+    if len(set(labels)) < len(labels):
+        raise ValueError(f"two traces share the label {next(l for l in labels if labels.count(l) > 1)!r}: "
+                         "results are keyed by label")
     jobs = [(s, p, c) for s in sources for p in policies for c in capacities[s.label]]
     # Biggest capacities first: they take longest, and the pool drains evenly.
     jobs.sort(key=lambda j: -j[2])

@@ -162,3 +162,14 @@ def test_a_used_policy_object_is_refused():
     replay(Trace(reqs, 4), policy, 4)
     with pytest.raises(ValueError, match="already serves another pool"):
         replay(Trace(reqs, 4), policy, 4)
+
+
+def test_sweep_refuses_policy_objects_and_clashing_labels(tmp_path):
+    from prefixkv.compare import TraceSource, sweep
+    from prefixkv.policies import make_policy
+
+    source = TraceSource("t", ("unused.jsonl",))
+    with pytest.raises(TypeError, match="sweep takes policy names, not LRUPolicy objects"):
+        sweep([source], [make_policy("lru")], {"t": [4]})
+    with pytest.raises(ValueError, match="two traces share the label 't'"):
+        sweep([source, TraceSource("t", ("other.jsonl",))], ["lru"], {"t": [4]})
