@@ -38,8 +38,8 @@ def echo_reference(prompt, n):
     return out
 
 
-def make(num_blocks=32, host=0, caching=True, cost=None, **config):
-    mgr = KVCacheManager(num_blocks, B, hash_seed=0, enable_caching=caching, num_host_blocks=host)
+def make(num_blocks=32, host=0, caching=True, cost=None, policy="lru", **config):
+    mgr = KVCacheManager(num_blocks, B, hash_seed=0, enable_caching=caching, num_host_blocks=host, policy=policy)
     return mgr, Scheduler(mgr, SchedulerConfig(**config), cost or PreemptionCostModel(kv_bytes_per_token=512))
 
 
@@ -380,12 +380,16 @@ def test_metrics_from_an_injected_clock_are_exact():
 
 
 # -- random workloads: every step fits, every address is valid, nothing leaks ----------------
+# Policies other than LRU evict a chain's root before its tail, leaving cached blocks cut off from
+# their prefix, which an admission can reconnect in the middle of a round.
+@pytest.mark.parametrize("policy", ["lru", "fifo", "s3fifo", "arc"])
 @pytest.mark.parametrize("seed", range(40))
-def test_random_workloads_never_overcommit(seed):
+def test_random_workloads_never_overcommit(seed, policy):
     rng = random.Random(seed)
     host = rng.choice([0, 0, 8, 32])
     cost = PreemptionCostModel(kv_bytes_per_token=512, mode=rng.choice(["auto", "recompute", "swap"]))
     mgr, sched = make(num_blocks=rng.randrange(8, 30), host=host, caching=rng.random() < 0.7, cost=cost,
+                      policy=policy,
                       max_num_batched_tokens=rng.randrange(1, 40), max_num_seqs=rng.randrange(1, 8),
                       max_prefill_chunk=rng.choice([None, 3, 8]), when_full=rng.choice(["preempt", "wait"]))
     engine = Engine(sched, EchoExecutor(), clock=SimulatedClock())
@@ -414,4 +418,60 @@ def test_random_workloads_never_overcommit(seed):
             assert r.output == echo_reference(prompt, r.max_new_tokens)
         else:
             assert r.status is RequestStatus.CANCELLED
+    assert_clean(mgr, sched)
+
+
+def _root_first_engine():
+    from prefixkv.policies import LRUPolicy
+
+    class RootFirst(LRUPolicy):
+        """Evicts a chain's root before anything else: the rest stays cached, cut off."""
+
+        def evict(self):
+            for block in self._order:
+                if self.pool.depth[block] == 0:
+                    del self._order[block]
+                    return block
+            return self._order.popitem(last=False)[0]
+
+    mgr = KVCacheManager(8, B, hash_seed=0, policy=RootFirst())
+    sched = Scheduler(mgr, SchedulerConfig(), PreemptionCostModel(kv_bytes_per_token=512))
+    return mgr, sched, Engine(sched, EchoExecutor(), clock=SimulatedClock())
+
+
+def test_a_published_duplicate_of_a_cut_off_block_is_charged_to_the_admission_that_hits_it():
+    mgr, sched, engine = _root_first_engine()
+    p = list(range(16))                                # blocks A B C D
+    engine.generate([p], max_new_tokens=1)
+    engine.generate([list(range(100, 117))], max_new_tokens=1)   # evicts A: B C D stay, cut off
+    # r1 recomputes A and B; its B is a duplicate (B's hash is still cached, cut off), so r2's
+    # lookup finds the old, evictable B: pinning it costs a free block r2's plan must count.
+    r1 = engine.add_request(p[:8] + [200, 201, 202, 203, 204], max_new_tokens=1)
+    r2 = engine.add_request(p + list(range(210, 219)), max_new_tokens=1)
+    plan = engine.step().plan
+    assert {r.request_id for r in plan.requests} <= {r1, r2} and r1 in {r.request_id for r in plan.requests}
+    assert_plan_addresses_valid(plan, mgr)
+    while engine.has_unfinished:
+        engine.step()
+    assert engine.requests[r2].output == echo_reference(p + list(range(210, 219)), 1)
+    assert_clean(mgr, sched)
+
+
+def test_an_admission_reconnecting_cut_off_blocks_stays_within_its_planned_blocks():
+    mgr, sched, engine = _root_first_engine()
+    p = list(range(16))                                # blocks A B C D
+    engine.generate([p], max_new_tokens=1)
+    engine.generate([list(range(100, 117))], max_new_tokens=1)   # evicts A: B C D stay, cut off
+    # One round: r1 publishes A again, which reconnects B and C for r2 (D goes to r1's allocation).
+    # r2 was planned with one hit block (A, from r1); pinning B and C on top would overcommit.
+    r1 = engine.add_request(p[:4] + [200, 201, 202, 203, 204], max_new_tokens=1)
+    r2 = engine.add_request(p + list(range(210, 219)), max_new_tokens=1)
+    plan = engine.step().plan
+    assert [r.request_id for r in plan.requests] == [r1, r2]
+    assert_plan_addresses_valid(plan, mgr)
+    mgr.check_invariants()
+    while engine.has_unfinished:
+        engine.step()
+    assert engine.requests[r2].output == echo_reference(p + list(range(210, 219)), 1)
+    assert engine.requests[r2].metrics.prefix_hit_tokens == 12     # A (from r1), B and C
     assert_clean(mgr, sched)

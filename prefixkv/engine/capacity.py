@@ -13,11 +13,12 @@ The counts are exact or over-estimates, never under:
 * growth: ``blocks_needed_to_append`` (fresh tail blocks + copy-on-write);
 * admission of ``k`` tokens after the prefix hit: the evictable cache hits it
   pins plus ``ceil(k / block_size)`` fresh blocks, from the hit it has now.
-  At commit the request is admitted with ``tokens[:hit + k]`` for the hit it
-  has *then*: blocks an earlier admission of the same round has just
-  published are extra hits, already active (free of charge), and a hit lost
-  to an eviction only ends the hit earlier (the k computed tokens still take
-  ``ceil(k / block_size)`` fresh blocks);
+  At commit the request is admitted with ``tokens[:min(hit now, planned hit) + k]``:
+  within that head every extra hit (a block an earlier admission of the
+  round has just published, or a cached block it reconnected to its prefix)
+  replaces a fresh block, and a hit lost to an eviction only ends the hit
+  earlier (the k computed tokens still take ``ceil(k / block_size)`` fresh
+  blocks);
 * a preempted request gives back only the blocks it holds alone
   (refcount 1): blocks other requests still reference stay theirs.
 

@@ -85,7 +85,7 @@ class Scheduler:
         self.step_count = 0
         self.preemption_log: list[tuple[int, Hashable, PreemptionChoice]] = []
         self._order = itertools.count()
-        self._proposed: tuple[Round | None, dict] = (None, {})
+        self._proposed: tuple[Round | None, dict, dict] = (None, {}, {})
 
     # -- life cycle ------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -155,6 +155,7 @@ class Scheduler:
         grow: list[tuple[Hashable, int]] = []
         preempt: list[tuple[Hashable, str]] = []
         choices: dict[Hashable, PreemptionChoice] = {}
+        planned_hits: dict[Hashable, int] = {}   # admission -> the prefix hit its blocks were counted for
 
         pending = list(self.running)
         while pending and budget > 0:
@@ -202,31 +203,43 @@ class Scheduler:
                 else:
                     prompt = hashed_tokens(mgr, r)
                     hit, pinned = admission_cost(mgr, prompt)
-                    hit = self._hit_with(prompt, hit, published)
+                    hit, also_pinned = self._hit_with(prompt, hit, published)
+                    pinned += also_pinned
                     k = min(len(r.tokens) - hit, budget, chunk_cap, max(free - pinned, 0) * size)
                     if k < 1:
                         break
                     admit.append((rid, k))
+                    planned_hits[rid] = hit
                     free -= pinned + _cdiv(k, size)
                     if mgr.enable_caching:
                         published.update(prompt.block_hashes()[:(hit + k) // size])
                 budget -= k
                 seats -= 1
         rnd = Round(preempt=tuple(preempt), swap_in=tuple(swap_in), grow=tuple(grow), admit=tuple(admit))
-        self._proposed = (rnd, choices)
+        self._proposed = (rnd, choices, planned_hits)
         return rnd
 
-    def _hit_with(self, prompt, hit: int, published: set) -> int:
-        """The prefix hit once this round's earlier admissions have published their blocks."""
+    def _hit_with(self, prompt, hit: int, published: set) -> tuple[int, int]:
+        """(the prefix hit once this round's earlier admissions have published their blocks, the
+        evictable blocks that extension pins).
+
+        A block an earlier admission publishes is usually a free hit (it is active), but when
+        its hash is still cached in an evictable block cut off from its prefix, the new block
+        is a duplicate and the lookup finds the old one: pinning it takes a free block."""
         if not published:
-            return hit
+            return hit, 0
+        pool = self.mgr.pool
         size = self.mgr.block_size
         hashes = prompt.block_hashes()
         limit = (prompt.num_tokens - 1) // size        # the last token is always computed
         blocks = hit // size
+        pinned = 0
         while blocks < limit and hashes[blocks] in published:
+            cached = pool.lookup(hashes[blocks])
+            if cached is not None and not pool.ref_count[cached]:
+                pinned += 1
             blocks += 1
-        return blocks * size
+        return blocks * size, pinned
 
     # -- applying ----------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> StepPlan:
@@ -246,9 +259,12 @@ class Scheduler:
                               f"round of {len(rnd.grow)} running, {len(rnd.swap_in)} swap-in and "
                               f"{len(rnd.admit)} new request(s)")
         self.step_count += 1
-        proposed, choices = self._proposed
+        proposed, choices, planned_hits = self._proposed
         if proposed is not rnd:
+            # A round built elsewhere was checked (round_capacity) for the hits admissions have now.
             choices = {}
+            planned_hits = {rid: admission_cost(mgr, hashed_tokens(mgr, self.requests[rid]))[0]
+                            for rid, _ in rnd.admit}
         ops: list[BlockOp] = []
         entries: list[_Entry] = []
         touched: list[Request] = []
@@ -274,7 +290,7 @@ class Scheduler:
             for seq_id, k in rnd.admit:
                 r = self.requests[seq_id]
                 touched.append(r)
-                entries.append(self._admit(r, k))
+                entries.append(self._admit(r, k, planned_hits[seq_id]))
             copies = mgr.take_copies()
             if copies:
                 ops.append(BlockOp("copy", tuple(copies)))
@@ -311,13 +327,29 @@ class Scheduler:
         self.mgr.append(r.request_id, r.tokens[start:start + k])
         return _Entry(r, start, start + k)
 
-    def _admit(self, r: Request, k: int) -> _Entry:
-        """Admit ``tokens[:hit + k]`` for the prefix hit it has now (the rest is appended later)."""
+    def _admit(self, r: Request, k: int, planned_hit: int) -> _Entry:
+        """Admit ``tokens[:min(hit, planned_hit) + k]`` for the prefix hit it has now (the rest is
+        appended later).
+
+        Capped at the planned hit, or further while the hit runs through active blocks (free
+        of charge: e.g. a running request's chunk appended earlier in this round): an earlier
+        admission can publish blocks that reconnect cached blocks cut off from their prefix
+        (their parent was evicted), and hits past that would pin evictable blocks the round
+        never counted. Within the cap each extra hit replaces a fresh block, so the admission
+        never takes more blocks than planned, and it never computes more than ``k`` tokens (a
+        hit lost to an eviction ends it earlier).
+        """
         mgr = self.mgr
         prompt = hashed_tokens(mgr, r)
         live = mgr.match(prompt).hit_tokens
-        upto = min(live + k, len(r.tokens))
         size = mgr.block_size
+        if live > planned_hit:
+            pool, hashes = mgr.pool, prompt.block_hashes()
+            active = 0
+            while active < live // size and pool.ref_count[pool.lookup(hashes[active])]:
+                active += 1
+            live = min(live, max(planned_hit, active * size))
+        upto = min(live + k, len(r.tokens))
         head = Prompt(prompt.hasher, prompt.tokens[:upto], upto, prompt.extra,
                       prompt.block_hashes()[:upto // size] if mgr.enable_caching else None)
         if r.request_id in mgr:           # preempted by recompute: its cached blocks come back as hits
