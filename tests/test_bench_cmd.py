@@ -381,3 +381,26 @@ def test_cli_argument_errors_are_user_facing(capsys, argv, message):
     err = capsys.readouterr().err
     assert message in err
     assert "_reserve" not in err and "_positive" not in err and "invalid" not in err
+
+
+def test_bench_keeps_a_token_traces_salts(tmp_path):
+    from prefixkv.bench.runner import BenchConfig, run_bench
+    from prefixkv.traces import TraceRequest, load_token_trace, write_token_trace
+
+    tokens = list(range(1, 257))
+    reqs = [TraceRequest(float(i), 256, 4, tokens=tokens, salt=salt) for i, salt in enumerate(("a", "b", "a"))]
+    path = write_token_trace(tmp_path / "salted.jsonl", reqs, block_size=16)
+    result = run_bench(load_token_trace(path), BenchConfig(block_sizes=(16,)))
+    # only the third request (salt "a" again) hits: 240 of its 256 tokens (the last block is recomputed)
+    assert result.runs[0].summary["prefix_hit_rate"] == pytest.approx(240 / (3 * 256))
+
+
+def test_plot_path_that_is_a_file_is_refused_before_the_run(tmp_path, capsys):
+    from prefixkv.bench.cli import main as bench_main
+
+    target = tmp_path / "afile"
+    target.write_text("x")
+    with pytest.raises(SystemExit) as exc:
+        bench_main(["--requests", "5", "--block-sizes", "16", "--plot", str(target)])
+    assert exc.value.code == 2
+    assert "exists and is not a directory" in capsys.readouterr().err

@@ -475,3 +475,18 @@ def test_an_admission_reconnecting_cut_off_blocks_stays_within_its_planned_block
     assert engine.requests[r2].output == echo_reference(p + list(range(210, 219)), 1)
     assert engine.requests[r2].metrics.prefix_hit_tokens == 12     # A (from r1), B and C
     assert_clean(mgr, sched)
+
+
+def test_salts_isolate_requests_in_the_engine():
+    mgr, sched = make(num_blocks=32)
+    engine = Engine(sched, EchoExecutor(), clock=SimulatedClock())
+    prompt = list(range(20))
+    first = engine.add_request(prompt, max_new_tokens=1, salt="tenant-a")
+    engine.run()
+    other = engine.add_request(prompt, max_new_tokens=1, salt="tenant-b")
+    same = engine.add_request(prompt, max_new_tokens=1, salt="tenant-a")
+    engine.run()
+    hits = {rid: engine.requests[rid].metrics.prefix_hit_tokens for rid in (first, other, same)}
+    assert hits == {first: 0, other: 0, same: 16}
+    assert engine.requests[other].output == engine.requests[same].output == echo_reference(prompt, 1)
+    assert_clean(mgr, sched)

@@ -109,6 +109,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .runner import run_bench
 
     cfg = build_config(args)
+    if args.plot and os.path.exists(args.plot) and not os.path.isdir(args.plot):
+        raise ValueError(f"--plot {args.plot}: it exists and is not a directory")  # before the run, not after
     trace, label = load_bench_trace(args)
     if not trace.requests:
         raise ValueError("the trace has no requests")
@@ -184,7 +186,8 @@ def add_bench_command(subparsers) -> argparse.ArgumentParser:
                    help="also serve the trace with reserve-max-length allocation on the same memory")
     p.add_argument("--reserve-tokens", type=_reserve, default="max",
                    help="what a reserved request reserves: max (the trace's longest request), request "
-                        "(its own length, an oracle) or a token count")
+                        "(its own length, an oracle) or a token count N (max(N, its own length): a "
+                        "request longer than N still gets its own length)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="DIR", help="write latency_cdf.png, block_size.png, pool_usage.png "
                                                  "(and reserved.png) into DIR")

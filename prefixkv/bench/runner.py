@@ -49,6 +49,7 @@ class BenchRequest:
     prompt: tuple[int, ...]
     max_new_tokens: int
     output: tuple[int, ...] | None      # recorded output tokens, when the trace has them
+    salt: str | int | None = None       # token traces: the request's cache isolation key
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def prepare_trace(trace: Trace, *, vocab: int = 32_000, limit: int | None = None
             output = None
         if not prompt:
             continue
-        out.append(BenchRequest(i, float(r.timestamp), prompt, max(1, r.output_length), output))
+        out.append(BenchRequest(i, float(r.timestamp), prompt, max(1, r.output_length), output, r.salt))
     return out
 
 
@@ -266,7 +267,7 @@ def run_block_size(requests: Sequence[BenchRequest], block_size: int, cfg: Bench
             i += 1
             try:
                 engine.add_request(r.prompt, max_new_tokens=r.max_new_tokens, request_id=r.request_id,
-                                   arrival_time=r.arrival)
+                                   arrival_time=r.arrival, salt=r.salt)
             except SequenceTooLong:
                 rejected += 1
         if not engine.has_unfinished:

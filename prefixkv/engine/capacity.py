@@ -75,7 +75,7 @@ def hashed_tokens(mgr: KVCacheManager, request: Request):
     """The manager's ``Prompt`` of ``request.tokens``, hashed once per length (tokens only grow)."""
     prompt = request.hashed
     if prompt is None or prompt.num_tokens != len(request.tokens) or prompt.hasher is not mgr.hasher:
-        prompt = request.hashed = mgr.prompt(request.tokens)
+        prompt = request.hashed = mgr.prompt(request.tokens, salt=request.salt)
     return prompt
 
 
@@ -88,7 +88,8 @@ def admission_cost(mgr: KVCacheManager, prompt) -> tuple[int, int]:
 
 def swap_in_cost(mgr: KVCacheManager, request: Request) -> int:
     """Free blocks ``swap_in`` takes for a swapped request (cached full blocks are reused)."""
-    return mgr.match(mgr.prompt(request.tokens[:request.num_computed]), compute_last_token=False).blocks_needed
+    return mgr.match(mgr.prompt(request.tokens[:request.num_computed], salt=request.salt),
+                     compute_last_token=False).blocks_needed
 
 
 def swapped_growth(num_computed: int, k: int, block_size: int) -> int:

@@ -101,14 +101,15 @@ class Engine:
 
     def add_request(self, prompt: Sequence[int], *, max_new_tokens: int = 16, request_id: Hashable = None,
                     sampling: SamplingParams | None = None, eos_token_id: int | None = None,
-                    arrival_time: float | None = None) -> Hashable:
+                    arrival_time: float | None = None, salt: str | int | None = None) -> Hashable:
         """Queue a request; returns its id. ``InvalidRequestTokens`` (engine unchanged) when the
-        prompt holds an id that is not an integer in ``[0, vocab_size)``."""
+        prompt holds an id that is not an integer in ``[0, vocab_size)``. ``salt`` isolates its
+        cache blocks (a tenant): only requests with an equal salt share them."""
         return self._add(prompt, max_new_tokens=max_new_tokens, request_id=request_id, sampling=sampling,
-                         eos_token_id=eos_token_id, arrival_time=arrival_time)
+                         eos_token_id=eos_token_id, arrival_time=arrival_time, salt=salt)
 
     def _add(self, prompt, *, max_new_tokens, request_id, sampling, eos_token_id, arrival_time,
-             tokens: tuple[int, ...] | None = None) -> Hashable:
+             tokens: tuple[int, ...] | None = None, salt: str | int | None = None) -> Hashable:
         next_id = None
         if request_id is None:
             n = self._next_id
@@ -123,7 +124,8 @@ class Engine:
         if not sampling.greedy and sampling.seed is None:
             sampling = dataclasses.replace(sampling, seed=request_seed(self.seed, self._num_added))
         request = Request(request_id, tokens, max_new_tokens, sampling,
-                          eos_token_id, self.clock.now() if arrival_time is None else float(arrival_time))
+                          eos_token_id, self.clock.now() if arrival_time is None else float(arrival_time),
+                          salt=salt)
         self.scheduler.add(request)
         # Only now that the request is in: nothing above changed the engine if it raised.
         self.requests[request_id] = request

@@ -148,6 +148,7 @@ class Request:
     admitted_before: bool = False
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     hashed: object = field(default=None, repr=False)   # the manager's Prompt of ``tokens`` (see capacity)
+    salt: str | int | None = None                   # cache isolation key: shares blocks only with equal salts
 
     def __post_init__(self) -> None:
         if not self.prompt:
