@@ -404,3 +404,15 @@ def test_plot_path_that_is_a_file_is_refused_before_the_run(tmp_path, capsys):
         bench_main(["--requests", "5", "--block-sizes", "16", "--plot", str(target)])
     assert exc.value.code == 2
     assert "exists and is not a directory" in capsys.readouterr().err
+
+
+def test_reserved_comparison_shows_what_paged_runs_recomputed():
+    from prefixkv.bench.runner import run_bench
+    from prefixkv.workloads import builtin_trace
+
+    trace = builtin_trace("default")
+    trace.requests = trace.requests[:40]
+    result = run_bench(trace, BenchConfig(block_sizes=(16,)), compare_reserved=True, reserve_tokens="request")
+    rows = [*result.reserved["paged"], result.reserved["paged_no_cache"]]
+    assert all({"preemptions", "recomputed_tokens"} <= set(row) for row in rows)
+    assert rows[0]["preemptions"] == result.runs[0].summary["preemptions"]

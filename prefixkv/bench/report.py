@@ -97,13 +97,15 @@ def render_reserved(cmp: dict, console) -> None:
 
     res = cmp["reserved"]
     table = Table(title=f"paged vs reserved-max-length (reserve {res['reserve_tokens']}), same trace and memory")
-    for name in ("allocator", "block", "done / rejected", "running mean / max", "req/s", "out tok/s",
-                 "TTFT ms p50 / p99", "ITL ms p50 / p99", "hit %"):
+    for name in ("allocator", "block", "done / rejected", "running mean / max", "preempt / recomputed tok",
+                 "req/s", "out tok/s", "TTFT ms p50 / p99", "ITL ms p50 / p99", "hit %"):
         table.add_column(name, justify="right")
     rows = [*cmp["paged"], cmp["paged_no_cache"], {**res, "block_size": None}]
     for r in rows:
         table.add_row(r["allocator"], "-" if r["block_size"] is None else str(r["block_size"]), _done(r),
-                      f"{r['concurrency_mean']:.1f} / {r['concurrency_max']}", _num(r["completed_per_s"]),
+                      f"{r['concurrency_mean']:.1f} / {r['concurrency_max']}",
+                      f"{r['preemptions']:,} / {r['recomputed_tokens']:,}" if "preemptions" in r else "- (none)",
+                      _num(r["completed_per_s"]),
                       _num(r["output_tokens_per_s"], ",.0f"), f"{_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p99_s'])}",
                       f"{_ms(r['itl_p50_s'])} / {_ms(r['itl_p99_s'])}", f"{100 * r['prefix_hit_rate']:.1f}")
     console.print(table)

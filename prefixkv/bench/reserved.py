@@ -274,9 +274,10 @@ def compare_reserved(requests: Sequence, cfg, runs, *, reserve_tokens: int | str
 
     raw = run_reserved(requests, cfg, reserve_tokens=reserve_tokens)
     reserved = {k: v for k, v in raw.items() if not k.startswith("_")}
-    paged = [dict(allocator="paged", block_size=r.summary["block_size"], **{k: r.summary[k] for k in _KEYS})
+    keys = (*_KEYS, "preemptions", "recomputed_tokens")   # a paged run can thrash: show what it recomputed
+    paged = [dict(allocator="paged", block_size=r.summary["block_size"], **{k: r.summary[k] for k in keys})
              for r in runs]
     mid = sorted(cfg.block_sizes)[len(cfg.block_sizes) // 2]
     nocache = run_block_size(requests, mid, replace(cfg, enable_caching=False)).summary
-    paged_nocache = dict(allocator="paged, no prefix cache", block_size=mid, **{k: nocache[k] for k in _KEYS})
+    paged_nocache = dict(allocator="paged, no prefix cache", block_size=mid, **{k: nocache[k] for k in keys})
     return dict(reserved=reserved, paged=paged, paged_no_cache=paged_nocache), raw
