@@ -416,3 +416,19 @@ def test_reserved_comparison_shows_what_paged_runs_recomputed():
     rows = [*result.reserved["paged"], result.reserved["paged_no_cache"]]
     assert all({"preemptions", "recomputed_tokens"} <= set(row) for row in rows)
     assert rows[0]["preemptions"] == result.runs[0].summary["preemptions"]
+
+
+def test_bench_reports_waiting_requests_and_skipped_empty_prompts(tmp_path):
+    from prefixkv.bench.runner import run_bench
+    from prefixkv.traces import load_mooncake
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 0, "output_length": 3, "hash_ids": []}\n'
+                    + "".join(f'{{"timestamp": 1, "input_length": 600, "output_length": 3, "hash_ids": [{i}, {i + 9}]}}\n'
+                              for i in range(3)))
+    # three requests arrive together and only one may run at a time: two wait at first
+    result = run_bench(load_mooncake(path), BenchConfig(block_sizes=(16,), max_num_seqs=1))
+    assert result.trace["empty_prompts_skipped"] == 1 and result.trace["requests"] == 3
+    summary = result.runs[0].summary
+    assert summary["waiting_max"] == 2 and summary["concurrency_max"] == 1
+    assert max(summary["timeline"]["waiting"]) == 2

@@ -61,7 +61,8 @@ def render(result: BenchResult, console=None) -> None:
     table = Table(title=title)
     for name in ("block", "blocks", "requests\ndone / rejected", "tail waste MiB\nmean / peak",
                  "table len\nmean / max", "preempt", "TTFT ms\np50 / p99", "ITL ms\np50 / p99", "req/s",
-                 "out tok/s", "hit %", "active / cached / free\n% of pool (mean)", "running\nmean / max"):
+                 "out tok/s", "hit %", "active / cached / free\n% of pool (mean)", "running\nmean / max",
+                 "waiting\nmean / max"):
         table.add_column(name, justify="right")
     for run in result.runs:
         r = run.summary
@@ -74,11 +75,15 @@ def render(result: BenchResult, console=None) -> None:
             f"{_ms(r['itl_p50_s'])} / {_ms(r['itl_p99_s'])}", _num(r["completed_per_s"]),
             _num(r["output_tokens_per_s"], ",.0f"), f"{100 * r['prefix_hit_rate']:.1f}",
             f"{100 * u['active']:.0f} / {100 * u['evictable']:.0f} / {100 * u['free']:.0f}",
-            f"{r['concurrency_mean']:.1f} / {r['concurrency_max']}")
+            f"{r['concurrency_mean']:.1f} / {r['concurrency_max']}",
+            f"{r['waiting_mean']:.1f} / {r['waiting_max']}")
     console.print(table)
     note = rejection_note(result)
     if note:
         console.print(Text(note, style="yellow"))
+    if tr.get("empty_prompts_skipped"):
+        console.print(Text(f"{tr['empty_prompts_skipped']:,} request(s) of the trace have an empty prompt "
+                           "and were skipped", style="yellow"))
     if tr.get("synthesised_tokens"):
         console.print(f"[dim]hashed trace: token ids synthesised from hash ids (native block "
                       f"{tr['native_block_size']}); other block sizes change the sharing granularity[/dim]")

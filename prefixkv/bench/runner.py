@@ -322,11 +322,14 @@ def run_block_size(requests: Sequence[BenchRequest], block_size: int, cfg: Bench
         prefix_hit_tokens=summary["prefix_hit_tokens"], prefill_tokens_computed=summary["prefill_tokens_computed"],
         steps=summary["steps"], busy_s=summary["seconds"],
         concurrency_mean=sum(running) / steps, concurrency_max=max(running, default=0),
+        # Requests that had arrived but were not running: what "the pool is 70% used, why does
+        # nobody get in?" needs beside the usage figures.
+        waiting_mean=sum(timeline["waiting"]) / steps, waiting_max=max(timeline["waiting"], default=0),
         usage_mean=dict(active=sum(timeline["active"]) / steps / num_blocks,
                         evictable=sum(timeline["evictable"]) / steps / num_blocks,
                         free=sum(timeline["free"]) / steps / num_blocks),
         peak_active_fraction=max(timeline["active"], default=0) / num_blocks,
-        timeline=_downsample({k: timeline[k] for k in ("t", "active", "evictable", "free", "running")},
+        timeline=_downsample({k: timeline[k] for k in ("t", "active", "evictable", "free", "running", "waiting")},
                              cfg.timeline_points),
     )
     return BlockSizeRun(out, ttfts, itls, timeline)
@@ -361,7 +364,9 @@ def run_bench(trace: Trace, cfg: BenchConfig, *, trace_label: str | None = None,
     info = dict(name=trace_label or trace.name, format=trace.format, native_block_size=trace.block_size,
                 requests=len(requests), prompt_tokens=sum(len(r.prompt) for r in requests),
                 output_tokens=sum(r.max_new_tokens for r in requests),
-                synthesised_tokens=not trace.has_tokens)
+                synthesised_tokens=not trace.has_tokens, path=trace.path,
+                vocab=None if trace.has_tokens else vocab,            # of the synthesised ids
+                empty_prompts_skipped=len(trace.requests) - len(requests))
     runs = []
     for size in cfg.block_sizes:
         if cfg.executor == "engine":
