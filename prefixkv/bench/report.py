@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+from ..sizing import format_size
 from .runner import BenchResult
 
 
@@ -54,7 +55,7 @@ def render(result: BenchResult, console=None) -> None:
     cfg = result.config
     tr = result.trace
     s = cfg.spec
-    title = (f"{tr['name']}: {tr['requests']:,} requests, pool {cfg.pool_bytes / 2**30:,.3g} GiB, "
+    title = (f"{tr['name']}: {tr['requests']:,} requests, pool {format_size(cfg.pool_bytes)}, "
              f"{s.layers}x{s.kv_heads}x{s.head_dim} {s.dtype} ({s.bytes_per_token:,} B/token), "
              f"budget {cfg.max_num_batched_tokens} tokens, {cfg.max_num_seqs} seqs, policy {cfg.policy}, "
              f"executor {cfg.executor}" + (f" ({cfg.params.name})" if cfg.executor == "cost-model" else ""))
