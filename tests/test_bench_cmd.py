@@ -323,13 +323,12 @@ def test_cli_reports_prefixkv_errors(monkeypatch, capsys, exc):
 def test_reserved_failure_keeps_paged_results(capsys):
     from prefixkv.bench.report import render
 
-    cfg = tiny_cfg(pool_bytes=128 * 1024)          # 256 tokens; the longest request is 403 tokens
-    longest = max(len(r.prompt) + r.max_new_tokens - 1 for r in prepare_trace(mixed_trace()))
-    assert longest > 256
-    result = run_bench(mixed_trace(), cfg, compare_reserved=True)
+    cfg = tiny_cfg(pool_bytes=128 * 1024)          # 256 tokens; every request reserves 403 tokens
+    reserve = 403
+    result = run_bench(mixed_trace(), cfg, compare_reserved=True, reserve_tokens=reserve)
     assert result.reserved is None and len(result.runs) == 2
     msg = result.reserved_error
-    assert f"{longest:,} tokens" in msg and f"{longest * 512 / 1024:.2f} KiB" in msg   # the reservation
+    assert f"{reserve:,} tokens" in msg and f"{reserve * 512 / 1024:.2f} KiB" in msg   # the reservation
     assert "128 KiB pool (256 tokens)" in msg                                          # the pool
     assert "--reserve-tokens request" in msg and "--pool 1MiB" in msg                  # the fixes
     doc = json.loads(to_json(result))
@@ -432,3 +431,22 @@ def test_bench_reports_waiting_requests_and_skipped_empty_prompts(tmp_path):
     summary = result.runs[0].summary
     assert summary["waiting_max"] == 2 and summary["concurrency_max"] == 1
     assert max(summary["timeline"]["waiting"]) == 2
+
+
+def test_reserve_max_is_the_longest_request_that_fits_the_pool():
+    from prefixkv.bench.reserved import reservation_size
+
+    class R:
+        def __init__(self, prompt_len, new):
+            self.prompt, self.max_new_tokens = [0] * prompt_len, new
+
+    short, mid, huge = R(10, 1), R(20, 1), R(1000, 1)
+    size = reservation_size([short, mid, huge], "max", capacity=100)
+    # the request too long for any pool of 100 tokens reserves its own length (and is rejected,
+    # as the paged runs reject it); the others reserve the longest that fits
+    assert (size(short), size(mid), size(huge)) == (20, 20, 1000)
+    assert reservation_size([short, mid, huge], "max")(short) == 1000
+    cfg = tiny_cfg(pool_bytes=128 * 1024)          # 256 tokens: the mixed trace's longest does not fit
+    result = run_bench(mixed_trace(), cfg, compare_reserved=True)
+    reserved = result.reserved["reserved"]
+    assert result.reserved_error is None and reserved["completed"] > 0 and reserved["rejected_too_long"] >= 1

@@ -117,10 +117,15 @@ class _Live:
         return self.prompt_len + self.outputs
 
 
-def reservation_size(requests: Sequence, reserve_tokens: int | str) -> callable:
-    longest = max((len(r.prompt) + r.max_new_tokens - 1 for r in requests), default=1)
+def reservation_size(requests: Sequence, reserve_tokens: int | str, capacity: int | None = None) -> callable:
+    """Tokens a request reserves. ``"max"``: the longest request that fits a pool of ``capacity``
+    tokens (a longer one reserves its own length, so it is rejected, as the paged runs reject it)."""
+    def own(r) -> int:
+        return len(r.prompt) + r.max_new_tokens - 1
+
     if reserve_tokens == "max":
-        return lambda r: longest
+        longest = max((own(r) for r in requests if capacity is None or own(r) <= capacity), default=1)
+        return lambda r: longest if own(r) <= longest else own(r)
     if reserve_tokens == "request":
         return lambda r: len(r.prompt) + r.max_new_tokens - 1
     if isinstance(reserve_tokens, int) and reserve_tokens > 0:
@@ -139,13 +144,12 @@ def _nothing_fits(requests: Sequence, size_of, reserve_tokens: int | str, capaci
     need = min(size_of(r) for r in requests)
     kv = f"{need:,} tokens = {format_size(need * cfg.spec.bytes_per_token)} of KV"
     pool = f"the whole {format_size(cfg.pool_bytes)} pool ({capacity:,} tokens)"
-    if reserve_tokens == "request":
-        return (f"reserved baseline not run: even the shortest request reserves {kv}, more than {pool}. "
+    if reserve_tokens in ("request", "max"):   # "max" reserves the longest request that fits: none does
+        return (f"reserved baseline not run: even the shortest request needs {kv}, more than {pool}. "
                 f"Use {_pool_flag(need * cfg.spec.bytes_per_token)} or more.")
-    what = ("with --reserve-tokens max every request reserves the trace's longest (prompt + output)"
-            if reserve_tokens == "max" else f"with --reserve-tokens {reserve_tokens} every request reserves")
-    return (f"reserved baseline not run: {what}, {kv}, more than {pool}. Use --reserve-tokens request "
-            f"(each request reserves its own length) or {_pool_flag(need * cfg.spec.bytes_per_token)} or more.")
+    return (f"reserved baseline not run: with --reserve-tokens {reserve_tokens} every request reserves {kv}, "
+            f"more than {pool}. Use --reserve-tokens request (each request reserves its own length) or "
+            f"{_pool_flag(need * cfg.spec.bytes_per_token)} or more.")
 
 
 def run_reserved(requests: Sequence, cfg, *, reserve_tokens: int | str = "max") -> dict:
@@ -157,7 +161,7 @@ def run_reserved(requests: Sequence, cfg, *, reserve_tokens: int | str = "max") 
     capacity = cfg.pool_bytes // bpt
     alloc = ReservedAllocator(capacity)
     cost = CostModel(cfg.params, bpt)
-    size_of = reservation_size(requests, reserve_tokens)
+    size_of = reservation_size(requests, reserve_tokens, capacity)
     if requests and all(size_of(r) > capacity for r in requests):
         raise ReservedBaselineError(_nothing_fits(requests, size_of, reserve_tokens, capacity, cfg))
     chunk_cap = cfg.max_prefill_chunk or cfg.max_num_batched_tokens
