@@ -450,3 +450,19 @@ def test_reserve_max_is_the_longest_request_that_fits_the_pool():
     result = run_bench(mixed_trace(), cfg, compare_reserved=True)
     reserved = result.reserved["reserved"]
     assert result.reserved_error is None and reserved["completed"] > 0 and reserved["rejected_too_long"] >= 1
+
+
+def test_means_are_over_time_so_a_quiet_spell_counts(tmp_path):
+    from prefixkv.bench.runner import run_bench
+    from prefixkv.traces import load_mooncake
+
+    path = tmp_path / "t.jsonl"
+    # two short requests 1,000 s apart: one is running during the steps, nothing in between
+    path.write_text('{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}\n'
+                    '{"timestamp": 1000000, "input_length": 600, "output_length": 3, "hash_ids": [3, 4]}\n')
+    summary = run_bench(load_mooncake(path), BenchConfig(block_sizes=(16,))).runs[0].summary
+    assert max(summary["timeline"]["running"]) == 1
+    per_step = sum(summary["timeline"]["running"]) / len(summary["timeline"]["running"])
+    assert per_step > 0.5 and summary["concurrency_mean"] < 0.01
+    usage = summary["usage_mean"]
+    assert abs(usage["active"] + usage["evictable"] + usage["free"] - 1.0) < 1e-9

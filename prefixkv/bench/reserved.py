@@ -176,6 +176,7 @@ def run_reserved(requests: Sequence, cfg, *, reserve_tokens: int | str = "max") 
     i = n = len(pending)
     i = 0
     running_samples: list[int] = []
+    step_starts: list[float] = []
     reserved_samples: list[int] = []
     used_samples: list[int] = []
     steps = 0
@@ -226,6 +227,7 @@ def run_reserved(requests: Sequence, cfg, *, reserve_tokens: int | str = "max") 
             kv_tokens += live.computed
         elapsed = cost.step_time(StepCounts(prefill_tokens=prefill, decode_tokens=decode,
                                             kv_bytes_read=kv_tokens * bpt, table_entries=len(work)))
+        step_starts.append(clock.now() - t0)
         clock.advance(elapsed)
         steps += 1
         t = clock.now()
@@ -247,14 +249,17 @@ def run_reserved(requests: Sequence, cfg, *, reserve_tokens: int | str = "max") 
     itls = [b - a for d in done for a, b in zip(d.token_times, d.token_times[1:])]
     makespan = max((d.finished for d in done), default=t0) - t0
     out_tokens = sum(d.outputs for d in done)
-    steps_n = max(steps, 1)
+    from .runner import time_weighted_mean
+
+    mean = time_weighted_mean(step_starts, clock.now() - t0)
+    reserved = max((size_of(r) for r in pending if size_of(r) <= capacity), default=0)
     return dict(
         allocator="reserved-max-length", reserve_tokens=reserve_tokens if reserve_tokens != "max" else
-        f"max ({size_of(pending[0]) if pending else 0} tokens)", capacity_slots=capacity,
+        f"max ({reserved} tokens)", capacity_slots=capacity,
         requests=len(requests), completed=len(done), rejected_too_long=rejected,
-        concurrency_mean=sum(running_samples) / steps_n, concurrency_max=max(running_samples, default=0),
-        reserved_fraction_mean=sum(reserved_samples) / steps_n / capacity if capacity else 0.0,
-        used_fraction_mean=sum(used_samples) / steps_n / capacity if capacity else 0.0,
+        concurrency_mean=mean(running_samples), concurrency_max=max(running_samples, default=0),
+        reserved_fraction_mean=mean(reserved_samples) / capacity if capacity else 0.0,
+        used_fraction_mean=mean(used_samples) / capacity if capacity else 0.0,
         ttft_p50_s=percentile(ttfts, 50), ttft_p99_s=percentile(ttfts, 99),
         itl_p50_s=percentile(itls, 50), itl_p99_s=percentile(itls, 99),
         makespan_s=makespan, completed_per_s=len(done) / makespan if makespan else None,

@@ -31,7 +31,7 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from ..engine import Engine, PreemptionCostModel, Scheduler, SchedulerConfig, SimulatedClock, percentile
+from ..engine import Engine, PreemptionCostModel, Scheduler, SchedulerConfig, SimulatedClock
 from ..errors import SequenceTooLong
 from ..manager import KVCacheManager
 from ..sizing import KVSpec
@@ -158,6 +158,18 @@ def tiny_model_config(spec: KVSpec, vocab: int = 256, seed: int = 0):
                            head_dim=spec.head_dim, dtype=spec.dtype, seed=seed)
 
 
+def time_weighted_mean(step_starts: list[float], last_end: float):
+    """``mean(values)`` over time for per-step samples: the state a step leaves holds through the
+    step and any idle wait until the next one starts, so long prefill steps and quiet spells count
+    for what they last (a plain mean over steps would not)."""
+    if not step_starts:
+        return lambda values: 0.0
+    starts = np.asarray(step_starts, dtype=np.float64)
+    weights = np.maximum(np.append(starts[1:], last_end) - starts, 0.0)
+    weights = weights / weights.sum() if weights.sum() > 0 else np.full(len(starts), 1.0 / len(starts))
+    return lambda values: float(np.dot(weights, np.asarray(values, dtype=np.float64)))
+
+
 def make_engine_executor(spec: KVSpec, num_blocks: int, block_size: int, outputs, num_host_blocks: int = 0):
     """The real tiny model (torch, CPU) behind the same scheduler. Token ids are fed to the
     model modulo its vocabulary, and the trace's recorded output tokens replace the model's
@@ -255,6 +267,7 @@ def run_block_size(requests: Sequence[BenchRequest], block_size: int, cfg: Bench
 
     timeline: dict = {k: [] for k in ("t", "active", "evictable", "free", "running", "waiting", "tail_waste_slots")}
     table_len_sum = table_len_n = table_len_max = 0
+    step_starts: list[float] = []
     rejected = 0
     pending = sorted(requests, key=lambda r: (r.arrival, r.request_id))
     i, n = 0, len(pending)
@@ -281,6 +294,7 @@ def run_block_size(requests: Sequence[BenchRequest], block_size: int, cfg: Bench
                 continue
             raise RuntimeError(f"block size {block_size}: no request can be scheduled")
         st = mgr.stats()
+        step_starts.append(clock.now() - t0 - result.elapsed_s)
         timeline["t"].append(clock.now() - t0)
         timeline["active"].append(st.active_blocks)
         timeline["evictable"].append(st.evictable_blocks)
@@ -303,13 +317,14 @@ def run_block_size(requests: Sequence[BenchRequest], block_size: int, cfg: Bench
     ttfts = [r.metrics.ttft for r in reqs if r.metrics.ttft is not None]
     itls = [x for r in reqs for x in r.metrics.itl]
     waste = np.array(timeline["tail_waste_slots"], dtype=np.float64) * bpt / MiB
-    steps = max(len(timeline["t"]), 1)
     running = timeline["running"]
+    mean = time_weighted_mean(step_starts, timeline["t"][-1] if timeline["t"] else 0.0)
+
     out = dict(
         block_size=block_size, num_blocks=num_blocks, bytes_per_block=bytes_per_block,
         capacity_bytes=num_blocks * bytes_per_block, unallocated_bytes=cfg.pool_bytes - num_blocks * bytes_per_block,
         requests=len(requests), completed=summary["finished"], rejected_too_long=rejected,
-        tail_waste_mib_mean=float(waste.mean()) if waste.size else 0.0,
+        tail_waste_mib_mean=mean(waste),
         tail_waste_mib_peak=float(waste.max()) if waste.size else 0.0,
         block_table_len_mean=table_len_sum / table_len_n if table_len_n else 0.0,
         block_table_len_max=table_len_max,
@@ -321,13 +336,13 @@ def run_block_size(requests: Sequence[BenchRequest], block_size: int, cfg: Bench
         prefix_hit_rate=summary["prefix_hit_rate"], prompt_tokens=summary["prompt_tokens"],
         prefix_hit_tokens=summary["prefix_hit_tokens"], prefill_tokens_computed=summary["prefill_tokens_computed"],
         steps=summary["steps"], busy_s=summary["seconds"],
-        concurrency_mean=sum(running) / steps, concurrency_max=max(running, default=0),
+        concurrency_mean=mean(running), concurrency_max=max(running, default=0),
         # Requests that had arrived but were not running: what "the pool is 70% used, why does
         # nobody get in?" needs beside the usage figures.
-        waiting_mean=sum(timeline["waiting"]) / steps, waiting_max=max(timeline["waiting"], default=0),
-        usage_mean=dict(active=sum(timeline["active"]) / steps / num_blocks,
-                        evictable=sum(timeline["evictable"]) / steps / num_blocks,
-                        free=sum(timeline["free"]) / steps / num_blocks),
+        waiting_mean=mean(timeline["waiting"]), waiting_max=max(timeline["waiting"], default=0),
+        usage_mean=dict(active=mean(timeline["active"]) / num_blocks,
+                        evictable=mean(timeline["evictable"]) / num_blocks,
+                        free=mean(timeline["free"]) / num_blocks),
         peak_active_fraction=max(timeline["active"], default=0) / num_blocks,
         timeline=_downsample({k: timeline[k] for k in ("t", "active", "evictable", "free", "running", "waiting")},
                              cfg.timeline_points),
