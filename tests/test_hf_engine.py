@@ -337,3 +337,16 @@ def test_refuses_alibi_models():
 
     with pytest.raises(ValueError, match="ALiBi"):
         HFEngineConfig(_falcon(alibi=True).config, torch.float32)
+
+
+def test_multimodal_configs_are_refused_before_the_model_is_changed():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,
+                         intermediate_size=128, vocab_size=100)
+    config.image_token_id = 99
+    model = LlamaForCausalLM(config)
+    before = model.config._attn_implementation
+    with pytest.raises(ValueError, match="multimodal models are not supported"):
+        HFEngineModel(model)
+    assert model.config._attn_implementation == before

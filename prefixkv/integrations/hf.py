@@ -159,7 +159,8 @@ def _check_transformers_version(version: str = transformers.__version__) -> None
 _check_transformers_version()
 
 from .hf_paged import (ALIBI_REASON, PAGED_ATTENTION, PAGED_KWARG, PagedCall, PagedStep,  # noqa: E402
-                       alibi_of, attention_backend_problem, kv_heads_of, paged_attention_forward, register)
+                       alibi_of, attention_backend_problem, check_text_only, kv_heads_of, paged_attention_forward,
+                       register)
 
 register()
 
@@ -174,18 +175,6 @@ _MODES = ("gather", "paged")
 def _text_config(model_or_config):
     config = getattr(model_or_config, "config", model_or_config)
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-
-
-_MEDIA_FIELDS = ("vision_config", "audio_config", "image_token_id", "image_token_index", "video_token_id",
-                 "audio_token_id")
-
-
-def _check_text_only(config) -> None:
-    media = [f for f in _MEDIA_FIELDS if getattr(config, f, None) is not None]
-    if media:
-        raise ValueError(f"multimodal models are not supported ({', '.join(media)} in the config): prefix hits "
-                         "are matched on token ids, so two prompts with equal image/audio placeholder tokens "
-                         "would share KV computed from different media")
 
 
 def _check_supported_config(config) -> None:
@@ -217,7 +206,7 @@ def _sliding_window(config) -> int | None:
 
 def model_kv_spec(model_or_config, dtype: torch.dtype | str | None = None) -> KVSpec:
     """The ``KVSpec`` (layers, KV heads, head dim, dtype) of a decoder-only transformers model."""
-    _check_text_only(getattr(model_or_config, "config", model_or_config))
+    check_text_only(getattr(model_or_config, "config", model_or_config))
     config = _text_config(model_or_config)
     _check_supported_config(config)
     heads = config.num_attention_heads

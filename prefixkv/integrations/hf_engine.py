@@ -65,7 +65,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from prefixkv.attention import paged_attention
 from prefixkv.sizing import KVSpec
 
-from .hf_paged import ALIBI_REASON, alibi_of, attention_backend_problem, kv_heads_of
+from .hf_paged import ALIBI_REASON, alibi_of, attention_backend_problem, check_text_only, kv_heads_of
 
 __all__ = ["ENGINE_ATTENTION", "ENGINE_KWARG", "HFEngineConfig", "HFEngineModel", "engine_attention_forward",
            "engine_mask", "engine_from_hf", "register"]
@@ -158,6 +158,7 @@ class HFEngineConfig:
 
     def __init__(self, hf_config, dtype: torch.dtype) -> None:
         self.hf_config = hf_config
+        check_text_only(hf_config)
         if alibi_of(hf_config):
             raise ValueError(f"{getattr(hf_config, 'model_type', None) or type(hf_config).__name__} uses ALiBi "
                              f"attention biases, which the engine does not support: {ALIBI_REASON}")
@@ -203,6 +204,7 @@ class HFEngineModel:
         if base is None or head is None:
             raise ValueError(f"{type(model).__name__} has no base model and output embeddings "
                              "(need a *ForCausalLM model)")
+        config = HFEngineConfig(hf_config, next(model.parameters()).dtype)  # refuses before changing the model
         if set_attention:
             model.set_attn_implementation(ENGINE_ATTENTION)
         elif hf_config._attn_implementation != ENGINE_ATTENTION:
@@ -212,7 +214,7 @@ class HFEngineModel:
         self.hf_model = model
         self.base = base
         self.lm_head = head
-        self.config = HFEngineConfig(hf_config, next(model.parameters()).dtype)
+        self.config = config
         self._arch = type(model).__name__
         self._logit_scale = getattr(hf_config, "logit_scale", None)
         self._softcap = getattr(hf_config, "final_logit_softcapping", None)

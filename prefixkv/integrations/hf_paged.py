@@ -37,7 +37,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from prefixkv.attention import paged_attention
 
 __all__ = ["PAGED_ATTENTION", "PAGED_KWARG", "PagedStep", "PagedCall", "paged_attention_forward", "register",
-           "kv_heads_of", "alibi_of", "attention_backend_problem"]
+           "kv_heads_of", "alibi_of", "attention_backend_problem", "check_text_only"]
 
 PAGED_ATTENTION = "prefixkv_paged"
 PAGED_KWARG = "prefixkv_paged_call"
@@ -62,6 +62,19 @@ def kv_heads_of(config) -> int:
             return heads
         return 1 if getattr(config, "multi_query", False) else int(getattr(config, "num_kv_heads", None) or heads)
     return int(getattr(config, "num_key_value_heads", None) or heads)
+
+
+_MEDIA_FIELDS = ("vision_config", "audio_config", "image_token_id", "image_token_index", "video_token_id",
+                 "audio_token_id")
+
+
+def check_text_only(config) -> None:
+    """Refuse multimodal models: prefix hits (cache and engine alike) are matched on token ids."""
+    media = [f for f in _MEDIA_FIELDS if getattr(config, f, None) is not None]
+    if media:
+        raise ValueError(f"multimodal models are not supported ({', '.join(media)} in the config): prefix hits "
+                         "are matched on token ids, so two prompts with equal image/audio placeholder tokens "
+                         "would share KV computed from different media")
 
 
 def alibi_of(config) -> bool:
