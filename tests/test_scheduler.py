@@ -422,6 +422,7 @@ def test_random_workloads_never_overcommit(seed, policy):
 
 
 def _root_first_engine():
+    """An engine whose pool holds a prompt's blocks B C D with its root A evicted."""
     from prefixkv.policies import LRUPolicy
 
     class RootFirst(LRUPolicy):
@@ -436,14 +437,15 @@ def _root_first_engine():
 
     mgr = KVCacheManager(8, B, hash_seed=0, policy=RootFirst())
     sched = Scheduler(mgr, SchedulerConfig(), PreemptionCostModel(kv_bytes_per_token=512))
-    return mgr, sched, Engine(sched, EchoExecutor(), clock=SimulatedClock())
-
-
-def test_a_published_duplicate_of_a_cut_off_block_is_charged_to_the_admission_that_hits_it():
-    mgr, sched, engine = _root_first_engine()
+    engine = Engine(sched, EchoExecutor(), clock=SimulatedClock())
     p = list(range(16))                                # blocks A B C D
     engine.generate([p], max_new_tokens=1)
     engine.generate([list(range(100, 117))], max_new_tokens=1)   # evicts A: B C D stay, cut off
+    return mgr, sched, engine, p
+
+
+def test_a_published_duplicate_of_a_cut_off_block_is_charged_to_the_admission_that_hits_it():
+    mgr, sched, engine, p = _root_first_engine()       # p's root A evicted, B C D cached, cut off
     # r1 recomputes A and B; its B is a duplicate (B's hash is still cached, cut off), so r2's
     # lookup finds the old, evictable B: pinning it costs a free block r2's plan must count.
     r1 = engine.add_request(p[:8] + [200, 201, 202, 203, 204], max_new_tokens=1)
@@ -458,10 +460,7 @@ def test_a_published_duplicate_of_a_cut_off_block_is_charged_to_the_admission_th
 
 
 def test_an_admission_reconnecting_cut_off_blocks_stays_within_its_planned_blocks():
-    mgr, sched, engine = _root_first_engine()
-    p = list(range(16))                                # blocks A B C D
-    engine.generate([p], max_new_tokens=1)
-    engine.generate([list(range(100, 117))], max_new_tokens=1)   # evicts A: B C D stay, cut off
+    mgr, sched, engine, p = _root_first_engine()       # p's root A evicted, B C D cached, cut off
     # One round: r1 publishes A again, which reconnects B and C for r2 (D goes to r1's allocation).
     # r2 was planned with one hit block (A, from r1); pinning B and C on top would overcommit.
     r1 = engine.add_request(p[:4] + [200, 201, 202, 203, 204], max_new_tokens=1)
