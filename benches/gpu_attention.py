@@ -229,7 +229,7 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, help="also write the markdown tables here")
     args = ap.parse_args(argv)
     torch = _need_cuda()
-    from prefixkv import cuda_kernels as ck
+    from prefixkv.kv import cuda_kernels as ck
 
     dev = torch.cuda.get_device_properties(0)
     lines = [f"# paged attention kernels on {dev.name} ({datetime.date.today()})", "",

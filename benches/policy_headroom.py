@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prefixkv.errors import SequenceTooLong  # noqa: E402
 from prefixkv.manager import KVCacheManager  # noqa: E402
 from prefixkv.policies.base import PolicyBase  # noqa: E402
-from prefixkv.replay import replay  # noqa: E402
-from prefixkv.traces import load_trace  # noqa: E402
+from prefixkv.sim.replay import replay  # noqa: E402
+from prefixkv.sim.traces import load_trace  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
 DEFAULT_TRACES = ("conversation_trace.jsonl", "synthetic_trace.jsonl", "weka-kv-cache-tester")

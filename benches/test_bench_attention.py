@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from prefixkv.attention import paged_attention  # noqa: E402
+from prefixkv.kv.attention import paged_attention  # noqa: E402
 
 SEQS, TOKENS, KV_HEADS, Q_HEADS, HEAD_DIM, BLOCK = 32, 4096, 2, 8, 64, 16
 GROUP = Q_HEADS // KV_HEADS

@@ -8,10 +8,10 @@ import pytest
 
 from prefixkv import KVCacheManager
 from prefixkv.bench import BenchConfig, ReservedAllocator, prepare_trace, run_block_size
-from prefixkv.replay import replay
+from prefixkv.sim.replay import replay
 from prefixkv.sizing import KVSpec
-from prefixkv.workloads import DEFAULT_WORKLOAD, WorkloadConfig, generate_requests
-from prefixkv.traces import Trace
+from prefixkv.sim.workloads import DEFAULT_WORKLOAD, WorkloadConfig, generate_requests
+from prefixkv.sim.traces import Trace
 
 BLOCK = 16
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from policy_headroom import ReuseOraclePolicy, headroom, hindsight_probabilities
-from prefixkv.replay import replay
-from prefixkv.traces import Trace, TraceRequest
+from prefixkv.sim.replay import replay
+from prefixkv.sim.traces import Trace, TraceRequest
 
 
 def single_blocks(ids: list[int]) -> Trace:

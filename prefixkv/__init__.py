@@ -13,9 +13,9 @@ from .pool import BlockPool
 from .prompt import Prompt
 from .sizing import KVSpec, Plan, format_size, parse_size, plan, tail_waste
 from .stats import CacheStats
-from .traces import Trace, TraceFormatError, TraceRequest, load_trace
-from .replay import ReplayResult, replay
-from .workloads import DEFAULT_WORKLOAD, WorkloadConfig, generate_trace
+from .sim.traces import Trace, TraceFormatError, TraceRequest, load_trace
+from .sim.replay import ReplayResult, replay
+from .sim.workloads import DEFAULT_WORKLOAD, WorkloadConfig, generate_trace
 
 __version__ = "0.1.0"
 

@@ -57,7 +57,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    from .lab import run_lab
+    from .sim.lab import run_lab
 
     table, checks = run_lab(args.block_size, args.lengths)
     print(f"block_size={args.block_size} lengths={','.join(map(str, args.lengths))}")
@@ -72,8 +72,8 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 def _trace_sources(args: argparse.Namespace):
     """The traces named on the command line, or the built-in workload written to a file first."""
-    from .compare import TraceSource
-    from .workloads import builtin_trace
+    from .sim.sweep import TraceSource
+    from .sim.workloads import builtin_trace
 
     traces = [args.trace] if isinstance(args.trace, str) else list(args.trace or [])
     if not traces:
@@ -95,7 +95,7 @@ def _where_generated(sources) -> str | None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from .replay import replay
+    from .sim.replay import replay
 
     source = _trace_sources(args)[0]
     trace = source.load()
@@ -127,7 +127,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from .compare import auto_capacities, gap_summary, plot, sweep
+    from .sim.sweep import auto_capacities, gap_summary, plot, sweep
     from .console import make_console
     from .policies import available_policies, make_policy
 
@@ -201,7 +201,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_workload(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from .workloads import BUILTIN_WORKLOADS, generate_trace
+    from .sim.workloads import BUILTIN_WORKLOADS, generate_trace
 
     config = BUILTIN_WORKLOADS[args.name]
     changes = {k: v for k, v in (("seed", args.seed), ("num_requests", args.requests)) if v is not None}
@@ -212,7 +212,7 @@ def cmd_workload(args: argparse.Namespace) -> int:
 
 
 def _add_trace_args(p: argparse.ArgumentParser, many: bool) -> None:
-    from .workloads import BUILTIN_WORKLOADS
+    from .sim.workloads import BUILTIN_WORKLOADS
 
     p.add_argument("--trace", action="append" if many else None, default=[] if many else None,
                    help="a trace file or kv-cache-tester folder" + (" (repeatable)" if many else "")
@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("workload", help="write a seeded synthetic workload as a token trace file")
-    from .workloads import BUILTIN_WORKLOADS
+    from .sim.workloads import BUILTIN_WORKLOADS
     p.add_argument("--name", default="default", choices=sorted(BUILTIN_WORKLOADS))
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--requests", type=positive_int, default=None)
@@ -309,10 +309,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_workload)
 
     from .bench.cli import add_bench_command
-    from .engine.demo import add_generate_command
     add_generate_command(sub)
     add_bench_command(sub)
     return parser
+
+
+def add_generate_command(subparsers) -> None:
+    """Register ``prefixkv generate`` (the engine demo, ``prefixkv.engine.demo``: torch when run)."""
+    p = subparsers.add_parser(
+        "generate", help="run a tiny random-weight Llama through the packed engine, prefix cache on vs off",
+        description="Generate with a tiny random-weight Llama-style model (no download) through prefixkv's "
+                    "packed engine, on built-in prompts that share a system prompt; print prefill tokens "
+                    "saved by the prefix cache, hit rate and tokens/s, with the same run without the cache "
+                    "beside it.")
+    p.add_argument("--requests", type=positive_int, default=8, help="number of prompts (default 8)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=32)
+    p.add_argument("--block-size", type=positive_int, default=16)
+    p.add_argument("--num-blocks", type=positive_int, default=512, help="KV pool size in blocks")
+    p.add_argument("--budget", type=positive_int, default=256, help="token budget per step")
+    p.add_argument("--max-seqs", type=positive_int, default=16, help="concurrency limit")
+    p.add_argument("--layers", type=positive_int, default=4)
+    p.add_argument("--hidden-size", type=positive_int, default=256)
+    p.add_argument("--heads", type=positive_int, default=8)
+    p.add_argument("--kv-heads", type=positive_int, default=2)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    p.add_argument("--seed", type=int, default=0, help="weights and sampling seed")
+    p.add_argument("--repeat", type=positive_int, default=3, help="runs per setting, alternating; the fastest "
+                                                               "is reported (default 3)")
+    p.add_argument("--threads", type=positive_int, default=1,
+                   help="torch CPU threads (default 1: the model is tiny, more threads mostly add waiting)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_cmd_generate)
+
+
+def _cmd_generate(args) -> int:
+    from .engine.demo import cmd_generate
+    return cmd_generate(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,7 +79,7 @@ class KVCacheManager:
 
         * ``policy``: an eviction policy name (``prefixkv.policies.available_policies()``:
           ``"lru"`` by default) or a policy object. ``"belady"`` is refused by name: it needs
-          the future, which only a trace replayer (``prefixkv.replay``) can feed it.
+          the future, which only a trace replayer (``prefixkv.sim.replay``) can feed it.
         * ``hash_seed``: pins the root of the block-hash chain, so hashes are reproducible
           across processes (workers behind one router, replays); ``None`` draws one per process.
         * ``hash_algorithm``: ``"xxh3_128"`` (default) or ``"xxh3_64"``.
@@ -98,7 +98,7 @@ class KVCacheManager:
         if isinstance(policy, str):
             if policy == "belady":
                 raise ValueError("the belady policy (MIN) needs every block's next use, which only a trace "
-                                 "replay knows: use prefixkv.replay / `prefixkv replay`, or pass a "
+                                 "replay knows: use prefixkv.sim.replay / `prefixkv replay`, or pass a "
                                  "BeladyPolicy object you feed through set_next_use")
             policy = make_policy(policy)
         self.block_size = block_size

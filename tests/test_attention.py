@@ -13,10 +13,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from prefixkv import KVCacheManager, KVSpec  # noqa: E402
-from prefixkv import attention as attn  # noqa: E402
-from prefixkv.attention import (attention_wrong_per_block_average, paged_attention,  # noqa: E402
+from prefixkv.kv import attention as attn  # noqa: E402
+from prefixkv.kv.attention import (attention_wrong_per_block_average, paged_attention,  # noqa: E402
                                 paged_attention_reference, paged_attention_torch)
-from prefixkv.storage import KVStore  # noqa: E402
+from prefixkv.kv.storage import KVStore  # noqa: E402
 
 NEEDS_CUDA = "needs CUDA (torch.cuda.is_available() is False)"
 BACKENDS = {"reference": paged_attention_reference, "torch": paged_attention_torch}
@@ -338,7 +338,7 @@ def test_cuda_impl_refuses_cpu_tensors_and_unknown_impl():
 
 
 def test_missing_kernel_module_warns_once(monkeypatch):
-    monkeypatch.setitem(sys.modules, "prefixkv.cuda_kernels", None)   # makes the import fail
+    monkeypatch.setitem(sys.modules, "prefixkv.kv.cuda_kernels", None)   # makes the import fail
     monkeypatch.setattr(attn, "_warned_no_kernels", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -404,9 +404,9 @@ def _cuda_backend(name):
         except Exception as exc:  # pragma: no cover - depends on the machine
             pytest.skip(f"impl='cuda' needs cupy ({exc})")
         try:
-            import prefixkv.cuda_kernels  # noqa: F401
+            import prefixkv.kv.cuda_kernels  # noqa: F401
         except ImportError as exc:  # pragma: no cover
-            pytest.skip(f"prefixkv.cuda_kernels is not importable ({exc})")
+            pytest.skip(f"prefixkv.kv.cuda_kernels is not importable ({exc})")
     return lambda q, k, v, *rest, **kw: paged_attention(q, (k, v), None, *rest, impl=name, **kw)
 
 

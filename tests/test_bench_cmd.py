@@ -9,15 +9,15 @@ from dataclasses import replace
 import pytest
 
 from prefixkv import KVCacheManager
-from prefixkv.bench import (PROFILES, BenchConfig, CostModel, CostModelExecutor, ReservedAllocator, load_params,
+from prefixkv.bench import (BenchConfig, CostModel, CostModelExecutor, ReservedAllocator,
                             prepare_trace, run_bench, run_block_size, run_reserved)
 from prefixkv.bench.cli import main as bench_main
 from prefixkv.bench.costmodel import StepCounts
+from prefixkv.costs import PROFILES, PreemptionCostModel, load_params
 from prefixkv.bench.report import to_json
 from prefixkv.bench.runner import tokens_for_hash
-from prefixkv.engine import PreemptionCostModel
 from prefixkv.sizing import KVSpec
-from prefixkv.traces import Trace, TraceRequest
+from prefixkv.sim.traces import Trace, TraceRequest
 
 MiB, GiB = 2**20, 2**30
 TINY = KVSpec(layers=2, kv_heads=2, head_dim=16, dtype="float32")      # 512 B per token
@@ -384,7 +384,7 @@ def test_cli_argument_errors_are_user_facing(capsys, argv, message):
 
 def test_bench_keeps_a_token_traces_salts(tmp_path):
     from prefixkv.bench.runner import BenchConfig, run_bench
-    from prefixkv.traces import TraceRequest, load_token_trace, write_token_trace
+    from prefixkv.sim.traces import TraceRequest, load_token_trace, write_token_trace
 
     tokens = list(range(1, 257))
     reqs = [TraceRequest(float(i), 256, 4, tokens=tokens, salt=salt) for i, salt in enumerate(("a", "b", "a"))]
@@ -407,7 +407,7 @@ def test_plot_path_that_is_a_file_is_refused_before_the_run(tmp_path, capsys):
 
 def test_reserved_comparison_shows_what_paged_runs_recomputed():
     from prefixkv.bench.runner import run_bench
-    from prefixkv.workloads import builtin_trace
+    from prefixkv.sim.workloads import builtin_trace
 
     trace = builtin_trace("default")
     trace.requests = trace.requests[:40]
@@ -419,7 +419,7 @@ def test_reserved_comparison_shows_what_paged_runs_recomputed():
 
 def test_bench_reports_waiting_requests_and_skipped_empty_prompts(tmp_path):
     from prefixkv.bench.runner import run_bench
-    from prefixkv.traces import load_mooncake
+    from prefixkv.sim.traces import load_mooncake
 
     path = tmp_path / "t.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 0, "output_length": 3, "hash_ids": []}\n'
@@ -454,7 +454,7 @@ def test_reserve_max_is_the_longest_request_that_fits_the_pool():
 
 def test_means_are_over_time_so_a_quiet_spell_counts(tmp_path):
     from prefixkv.bench.runner import run_bench
-    from prefixkv.traces import load_mooncake
+    from prefixkv.sim.traces import load_mooncake
 
     path = tmp_path / "t.jsonl"
     # two short requests 1,000 s apart: one is running during the steps, nothing in between

@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from prefixkv.engine import (Engine, PreemptionCostModel, RequestStatus, SamplingParams,  # noqa: E402
+from prefixkv.engine import (Engine, RequestStatus, SamplingParams,  # noqa: E402
                              SchedulerConfig, SimulatedClock, StepOutput, TinyLlama, TinyLlamaConfig)
-from prefixkv.engine.cost import GiB  # noqa: E402
+from prefixkv.costs import GiB, PreemptionCostModel  # noqa: E402
 from prefixkv.engine.sampling import sample  # noqa: E402
 
 B = 4
@@ -443,7 +443,7 @@ def test_generate_demo_command(capsys):
     import argparse
     import json
 
-    from prefixkv.engine.demo import add_generate_command
+    from prefixkv.cli import add_generate_command
 
     parser = argparse.ArgumentParser(prog="prefixkv")
     add_generate_command(parser.add_subparsers(dest="command", required=True))

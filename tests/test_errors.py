@@ -7,7 +7,7 @@ import pytest
 from prefixkv import (DuplicateSequence, KVCacheManager, OutOfBlocks, SequencePreempted, SequenceTooLong,
                       UnknownSequence)
 from prefixkv.console import OFF_TERMINAL_WIDTH, make_console
-from prefixkv.traces import TraceFormatError
+from prefixkv.sim.traces import TraceFormatError
 
 
 @pytest.mark.parametrize("error,fields", [

@@ -25,7 +25,8 @@ except ImportError as exc:  # an unsupported transformers version
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.masking_utils import AttentionMaskInterface  # noqa: E402
 
-from prefixkv.engine import Engine, PreemptionCostModel, RequestStatus, SchedulerConfig, SimulatedClock  # noqa: E402
+from prefixkv.costs import PreemptionCostModel  # noqa: E402
+from prefixkv.engine import Engine, RequestStatus, SchedulerConfig, SimulatedClock  # noqa: E402
 
 B = 4
 VOCAB = 512

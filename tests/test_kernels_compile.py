@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from prefixkv import cuda_kernels as ck
+from prefixkv.kv import cuda_kernels as ck
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
 SOURCES = sorted(KERNEL_DIR.glob("*.cu"))

@@ -2,7 +2,7 @@
 
 One test body per case, parametrised by backend: "emulated" compiles kernels/paged_attention.cu with
 g++ against tests/cuda_emu's shims and runs it with the fiber runtime; "cuda" (marked gpu) runs the
-same plans through CuPy on torch CUDA tensors. Both go through prefixkv.cuda_kernels' planning and
+same plans through CuPy on torch CUDA tensors. Both go through prefixkv.kv.cuda_kernels' planning and
 argument lists, so they cannot drift apart. Inputs: shuffled physical blocks, NaN (or huge) values in
 every slot no sequence owns, padded table entries pointing at poisoned blocks, outputs and split
 scratch prefilled with NaN.
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from cuda_emu import harness
-from prefixkv import cuda_kernels as ck
+from prefixkv.kv import cuda_kernels as ck
 
 KERNEL = Path(__file__).resolve().parent.parent / "kernels" / ck.SOURCE
 _reason = harness.available()
@@ -51,7 +51,7 @@ def _cuda_reason():
 
 
 class Runner:
-    """Runs prefixkv.cuda_kernels' plans on one backend; inputs and outputs are numpy."""
+    """Runs prefixkv.kv.cuda_kernels' plans on one backend; inputs and outputs are numpy."""
 
     def __init__(self, backend, request=None, module=None):
         self.backend = backend

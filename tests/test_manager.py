@@ -3,7 +3,7 @@ import pytest
 
 from prefixkv import (AllBlocksCleared, BlockRemoved, BlockStored, CacheBusy, DuplicateSequence, HashMismatch, SequencePreempted,
                       InvalidTokens, KVCacheManager, KVSpec, OutOfBlocks, SequenceTooLong, UnknownSequence)
-from prefixkv.slotstore import SlotStore
+from prefixkv.sim.slotstore import SlotStore
 
 B = 4
 

@@ -1,7 +1,7 @@
 """MIN (``belady``) against a brute-force optimum over every eviction choice, on tiny traces.
 
 The optimum models the block pool in cache mode (each request admitted with
-``compute_last_token=False``, then freed at once, as ``prefixkv.replay`` does):
+``compute_last_token=False``, then freed at once, as ``prefixkv.sim.replay`` does):
 
 * between requests every cached block is evictable, so the state is the set of
   cached hashes; the other blocks are free and uncached;
@@ -32,9 +32,9 @@ from functools import lru_cache
 from itertools import combinations
 
 from prefixkv.policies.belady import INF, BeladyPolicy
-from prefixkv.replay import replay
-from prefixkv.traces import Trace
-from prefixkv.traces import TraceRequest as Req
+from prefixkv.sim.replay import replay
+from prefixkv.sim.traces import Trace
+from prefixkv.sim.traces import TraceRequest as Req
 
 
 

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixkv.replay import replay
-from prefixkv.traces import Trace
-from prefixkv.traces import TraceRequest as Req
+from prefixkv.sim.replay import replay
+from prefixkv.sim.traces import Trace
+from prefixkv.sim.traces import TraceRequest as Req
 
 
 
@@ -143,8 +143,8 @@ def test_a_miss_on_an_orphaned_cached_block_is_not_an_insertion():
 @pytest.mark.parametrize("mode", ["cache", "concurrent"])
 @pytest.mark.parametrize("policy", ["lru", "s3fifo", "lrfu"])
 def test_insertions_minus_evictions_never_exceed_the_capacity(mode, policy, tmp_path):
-    from prefixkv.workloads import BUILTIN_WORKLOADS, generate_trace
-    from prefixkv.traces import load_token_trace
+    from prefixkv.sim.workloads import BUILTIN_WORKLOADS, generate_trace
+    from prefixkv.sim.traces import load_token_trace
     from dataclasses import replace as dc_replace
 
     path = generate_trace(tmp_path / "w.jsonl", dc_replace(BUILTIN_WORKLOADS["default"], num_requests=120))
@@ -165,7 +165,7 @@ def test_a_used_policy_object_is_refused():
 
 
 def test_sweep_refuses_policy_objects_and_clashing_labels(tmp_path):
-    from prefixkv.compare import TraceSource, sweep
+    from prefixkv.sim.sweep import TraceSource, sweep
     from prefixkv.policies import make_policy
 
     source = TraceSource("t", ("unused.jsonl",))

@@ -8,10 +8,10 @@ import random
 import pytest
 
 from prefixkv import KVCacheManager, OutOfBlocks, SequenceTooLong
-from prefixkv.engine import (Engine, PreemptionCostModel, Request, RequestStatus, Round, Scheduler,
+from prefixkv.engine import (Engine, Request, RequestStatus, Round, Scheduler,
                              SchedulerConfig, SimulatedClock, StepOutput, round_capacity)
 from prefixkv.engine.capacity import exclusive_blocks
-from prefixkv.engine.cost import GiB, MiB
+from prefixkv.costs import GiB, MiB, PreemptionCostModel
 
 B = 4
 

@@ -41,7 +41,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from prefixkv import (AllBlocksCleared, BlockRemoved, BlockStored, CacheBusy, DuplicateSequence,
                       KVCacheManager, OutOfBlocks, SequencePreempted, SequenceTooLong,
                       UnknownSequence)
-from prefixkv.slotstore import SlotStore
+from prefixkv.sim.slotstore import SlotStore
 
 VOCAB = 6
 TOKENS = st.integers(min_value=0, max_value=VOCAB - 1)

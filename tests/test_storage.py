@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from prefixkv import KVCacheManager, KVSpec, plan  # noqa: E402
 from prefixkv.cli import main as cli_main  # noqa: E402
-from prefixkv.storage import KVStore, torch_dtype  # noqa: E402
+from prefixkv.kv.storage import KVStore, torch_dtype  # noqa: E402
 
 NEEDS_CUDA = "needs CUDA (torch.cuda.is_available() is False)"
 

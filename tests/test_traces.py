@@ -8,10 +8,10 @@ import pytest
 
 from prefixkv.errors import PrefixKVError
 from prefixkv.manager import KVCacheManager
-from prefixkv.traces import (NAMESPACE_BITS, TraceFormatError, TraceRequest, detect_format,
+from prefixkv.sim.traces import (NAMESPACE_BITS, TraceFormatError, TraceRequest, detect_format,
                              load_kvcache_tester, load_mooncake, load_token_trace, load_trace,
                              write_token_trace)
-from prefixkv.workloads import (BUILTIN_WORKLOADS, DEFAULT_WORKLOAD, WorkloadConfig, builtin_trace,
+from prefixkv.sim.workloads import (BUILTIN_WORKLOADS, DEFAULT_WORKLOAD, WorkloadConfig, builtin_trace,
                                 generate_requests, generate_trace)
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
@@ -431,7 +431,7 @@ def test_workload_config_validates(bad):
 
 
 def test_kvcache_tester_without_any_request_is_refused(tmp_path):
-    from prefixkv.traces import load_kvcache_tester
+    from prefixkv.sim.traces import load_kvcache_tester
 
     for name in ("a", "b"):
         (tmp_path / f"{name}.json").write_text(json.dumps({"id": name, "block_size": 64, "requests": []}))
@@ -442,7 +442,7 @@ def test_kvcache_tester_without_any_request_is_refused(tmp_path):
 
 
 def test_writing_a_trace_into_a_missing_directory_names_it(tmp_path):
-    from prefixkv.traces import write_token_trace
+    from prefixkv.sim.traces import write_token_trace
 
     with pytest.raises(FileNotFoundError, match="directory .*nope does not exist"):
         write_token_trace(tmp_path / "nope" / "t.jsonl", [], block_size=16)

@@ -11,16 +11,16 @@ and records tail waste, block-table length, preemptions, P50/P99 TTFT and
 inter-token latency, completed requests/s, prefix hit rate and block usage
 (active / cached-evictable / free) over time.
 
-Modules: ``costmodel`` (the calibrated cost-model executor and its parameter
-profiles), ``reserved`` (the reserve-max-length baseline), ``runner`` (one run
+Modules: ``costmodel`` (the calibrated cost-model executor; its parameter
+profiles are ``prefixkv.costs``), ``reserved`` (the reserve-max-length baseline), ``runner`` (one run
 per block size), ``report`` (table, JSON, plots), ``cli`` (``add_bench_command``).
 """
 
 from __future__ import annotations
 
-from .costmodel import PROFILES, CostModel, CostModelExecutor, CostParams, load_params
+from .costmodel import CostModel, CostModelExecutor
 from .reserved import ReservedAllocator, run_reserved
 from .runner import BenchConfig, BenchResult, prepare_trace, run_block_size, run_bench
 
-__all__ = ["PROFILES", "CostModel", "CostModelExecutor", "CostParams", "load_params", "ReservedAllocator",
+__all__ = ["CostModel", "CostModelExecutor", "ReservedAllocator",
            "run_reserved", "BenchConfig", "BenchResult", "prepare_trace", "run_block_size", "run_bench"]

@@ -72,7 +72,7 @@ def resolve_spec(args: argparse.Namespace) -> KVSpec:
 
 
 def build_config(args: argparse.Namespace):
-    from .costmodel import load_params
+    from ..costs import load_params
     from .runner import BenchConfig
 
     spec = resolve_spec(args)
@@ -86,8 +86,8 @@ def build_config(args: argparse.Namespace):
 
 def load_bench_trace(args: argparse.Namespace):
     """(trace, label): ``--trace`` loaded, or the built-in workload written to a file first."""
-    from ..traces import load_trace
-    from ..workloads import builtin_trace
+    from ..sim.traces import load_trace
+    from ..sim.workloads import builtin_trace
 
     if args.trace:
         trace = load_trace(args.trace, args.format)
@@ -142,7 +142,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def add_bench_command(subparsers) -> argparse.ArgumentParser:
-    from ..workloads import BUILTIN_WORKLOADS
+    from ..sim.workloads import BUILTIN_WORKLOADS
 
     p = subparsers.add_parser(
         "bench", help="block-size benchmark: one trace, one pool (bytes), one budget, several block sizes",

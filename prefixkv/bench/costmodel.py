@@ -17,116 +17,19 @@ One step's modelled time is a sum of terms, each read off the ``StepPlan``::
 The bookkeeping terms are what a small block really pays: more blocks to
 allocate, hash and free, longer block tables to build and ship.
 
-Parameters come from a profile (``PROFILES``) or a JSON/TOML file
-(``load_params``): any subset of ``CostParams`` fields, on top of ``base`` (a
-profile name, default ``h200``). Every default names its source in ``source``.
+Parameters (``CostParams``: a profile or a JSON/TOML file, ``load_params``) live in
+``prefixkv.costs``, shared with the scheduler's preemption choice, replay and the tiers.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable, Hashable, Mapping, Sequence
 
+from ..costs import CostParams
 from ..engine.plan import StepOutput, StepPlan
-
-# Measured on the development machine (x86-64 container, Python 3.11, numpy, xxhash) with
-# ``measure_bookkeeping()``: per-block costs of prefixkv's own manager, separated from the
-# per-token hashing cost by timing the same tokens at block sizes 4 and 64.
-# Result: 0.66 us per block allocated (+ published, freed), 23 ns per block-table entry,
-# 59 ns per cached block matched, 3.9 ns per token hashed.
-MEASURED_BOOKKEEPING = dict(block_alloc_s=6.6e-7, block_table_entry_s=2.3e-8, hit_block_s=5.9e-8,
-                            hash_s_per_token=3.9e-9)
-
-
-@dataclass(frozen=True, slots=True)
-class CostParams:
-    name: str = "custom"
-    source: str = ""
-    step_overhead_s: float = 0.0
-    prefill_s_per_token: float = 5.0e-5
-    decode_s_per_token: float = 5.0e-5
-    kv_read_bytes_per_s: float = 3.84e12
-    link_bytes_per_s: float = 25 * 2**30
-    read_whole_blocks: bool = True
-    block_alloc_s: float = MEASURED_BOOKKEEPING["block_alloc_s"]
-    block_table_entry_s: float = MEASURED_BOOKKEEPING["block_table_entry_s"]
-    hit_block_s: float = MEASURED_BOOKKEEPING["hit_block_s"]
-    hash_s_per_token: float = MEASURED_BOOKKEEPING["hash_s_per_token"]
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("float", float) and not (isinstance(value, (int, float)) and value >= 0
-                                                   and math.isfinite(value)):
-                raise ValueError(f"cost parameter {f.name} must be a finite number >= 0, got {value!r}")
-        for name in ("kv_read_bytes_per_s", "link_bytes_per_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"cost parameter {name} must be > 0")
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-_H200_SOURCE = (
-    "Assumptions, not measurements: an H200 (HBM3e, 4.8 TB/s peak) at 80% achievable bandwidth "
-    "= 3.84e12 B/s for KV reads; step overhead = reading a Llama-3-8B-like model's 16.06e9 bytes of "
-    "bf16 weights once per step at that bandwidth (4.2 ms); prefill and decode compute at the design "
-    "notes' 20,000 tokens/s (50 us/token); swap link 25 GiB/s (the notes); bookkeeping measured from "
-    "prefixkv's manager on the host CPU (measure_bookkeeping).")
-
-# Fitted by ``calibrate_engine()`` (least squares over measured steps of prefixkv.engine's
-# TinyLlama with its default config, float32, torch CPU, 1 thread) on the development machine.
-_CPU_SOURCE = ("Measured: least-squares fit (calibrate_engine) of prefixkv.engine.TinyLlama (default config, "
-               "float32, torch CPU, 1 thread) steps on the development machine; bookkeeping measured from "
-               "prefixkv's manager (measure_bookkeeping). Re-fit on your machine with calibrate_engine().")
-
-PROFILES: dict[str, CostParams] = {
-    "h200": CostParams(name="h200", source=_H200_SOURCE, step_overhead_s=16.06e9 / 3.84e12,
-                       prefill_s_per_token=1 / 20_000, decode_s_per_token=1 / 20_000,
-                       kv_read_bytes_per_s=0.8 * 4.8e12, link_bytes_per_s=25 * 2**30),
-    # calibrate_engine() gave step 0.61 ms, prefill 7.8 us/token, decode 59 us/token, KV read 23 GB/s
-    # (the KV term is the noisiest: a tiny model reads little KV); link: a host memcpy, assumed 5 GB/s.
-    "cpu-tiny": CostParams(name="cpu-tiny", source=_CPU_SOURCE, step_overhead_s=6.1e-4,
-                           prefill_s_per_token=7.8e-6, decode_s_per_token=5.9e-5,
-                           kv_read_bytes_per_s=2.3e10, link_bytes_per_s=5.0e9),
-}
-
-
-def load_params(spec: str | Path | None = None) -> CostParams:
-    """A profile name (``h200``, ``cpu-tiny``), or a JSON / TOML file of ``CostParams`` fields.
-
-    A file may name ``base`` (a profile; default ``h200``); the fields it gives replace
-    the base's. ``None`` is the ``h200`` profile.
-    """
-    if spec is None:
-        return PROFILES["h200"]
-    if isinstance(spec, str) and spec in PROFILES:
-        return PROFILES[spec]
-    path = Path(spec)
-    if not path.exists():
-        raise ValueError(f"cost parameters {str(spec)!r}: not a profile ({', '.join(PROFILES)}) nor a file")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".toml":
-        import tomllib
-        data = tomllib.loads(text)
-    else:
-        data = json.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected an object of cost parameters")
-    base = data.pop("base", "h200")
-    if base not in PROFILES:
-        raise ValueError(f"{path}: unknown base profile {base!r}; choose from {', '.join(PROFILES)}")
-    known = {f.name for f in fields(CostParams)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"{path}: unknown cost parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    data.setdefault("name", path.stem)
-    data.setdefault("source", f"{path} (on top of profile {base})")
-    return replace(PROFILES[base], **data)
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -22,7 +22,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
-from ..engine import SimulatedClock, percentile
+from ..engine import SimulatedClock, percentile, time_weighted_mean
 from ..sizing import format_size
 from .costmodel import CostModel, StepCounts
 
@@ -249,8 +249,6 @@ def run_reserved(requests: Sequence, cfg, *, reserve_tokens: int | str = "max") 
     itls = [b - a for d in done for a, b in zip(d.token_times, d.token_times[1:])]
     makespan = max((d.finished for d in done), default=t0) - t0
     out_tokens = sum(d.outputs for d in done)
-    from .runner import time_weighted_mean
-
     mean = time_weighted_mean(step_starts, clock.now() - t0)
     reserved = max((size_of(r) for r in pending if size_of(r) <= capacity), default=0)
     return dict(
@@ -267,26 +265,3 @@ def run_reserved(requests: Sequence, cfg, *, reserve_tokens: int | str = "max") 
         prefix_hit_rate=0.0, steps=steps,
         _ttfts=ttfts, _itls=itls, _running=running_samples,
     )
-
-
-_KEYS = ("concurrency_mean", "concurrency_max", "completed_per_s", "output_tokens_per_s", "ttft_p50_s",
-         "ttft_p99_s", "itl_p50_s", "itl_p99_s", "makespan_s", "prefix_hit_rate", "completed",
-         "rejected_too_long")
-
-
-def compare_reserved(requests: Sequence, cfg, runs, *, reserve_tokens: int | str = "max") -> tuple[dict, dict]:
-    """(JSON summary, raw reserved run): the reserved baseline next to every paged run, and a paged
-    run without the prefix cache (at the middle block size) to separate paging from sharing."""
-    from dataclasses import replace
-
-    from .runner import run_block_size
-
-    raw = run_reserved(requests, cfg, reserve_tokens=reserve_tokens)
-    reserved = {k: v for k, v in raw.items() if not k.startswith("_")}
-    keys = (*_KEYS, "preemptions", "recomputed_tokens")   # a paged run can thrash: show what it recomputed
-    paged = [dict(allocator="paged", block_size=r.summary["block_size"], **{k: r.summary[k] for k in keys})
-             for r in runs]
-    mid = sorted(cfg.block_sizes)[len(cfg.block_sizes) // 2]
-    nocache = run_block_size(requests, mid, replace(cfg, enable_caching=False)).summary
-    paged_nocache = dict(allocator="paged, no prefix cache", block_size=mid, **{k: nocache[k] for k in keys})
-    return dict(reserved=reserved, paged=paged, paged_no_cache=paged_nocache), raw

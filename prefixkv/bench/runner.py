@@ -26,17 +26,19 @@ from __future__ import annotations
 
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Sequence
 
 import numpy as np
 
-from ..engine import Engine, PreemptionCostModel, Scheduler, SchedulerConfig, SimulatedClock
+from ..costs import PROFILES, CostParams, PreemptionCostModel
+from ..engine import Engine, Scheduler, SchedulerConfig, SimulatedClock, time_weighted_mean
 from ..errors import SequenceTooLong
 from ..manager import KVCacheManager
 from ..sizing import KVSpec
-from ..traces import Trace
-from .costmodel import CostModel, CostModelExecutor, CostParams, PROFILES
+from ..sim.traces import Trace
+from .costmodel import CostModel, CostModelExecutor
+from .reserved import ReservedBaselineError, run_reserved
 
 MiB = 2**20
 SEED_SPEC = KVSpec(layers=32, kv_heads=8, head_dim=128, dtype="bfloat16")   # the notes' teaching model
@@ -158,18 +160,6 @@ def tiny_model_config(spec: KVSpec, vocab: int = 256, seed: int = 0):
                            head_dim=spec.head_dim, dtype=spec.dtype, seed=seed)
 
 
-def time_weighted_mean(step_starts: list[float], last_end: float):
-    """``mean(values)`` over time for per-step samples: the state a step leaves holds through the
-    step and any idle wait until the next one starts, so long prefill steps and quiet spells count
-    for what they last (a plain mean over steps would not)."""
-    if not step_starts:
-        return lambda values: 0.0
-    starts = np.asarray(step_starts, dtype=np.float64)
-    weights = np.maximum(np.append(starts[1:], last_end) - starts, 0.0)
-    weights = weights / weights.sum() if weights.sum() > 0 else np.full(len(starts), 1.0 / len(starts))
-    return lambda values: float(np.dot(weights, np.asarray(values, dtype=np.float64)))
-
-
 def make_engine_executor(spec: KVSpec, num_blocks: int, block_size: int, outputs, num_host_blocks: int = 0):
     """The real tiny model (torch, CPU) behind the same scheduler. Token ids are fed to the
     model modulo its vocabulary, and the trace's recorded output tokens replace the model's
@@ -180,7 +170,7 @@ def make_engine_executor(spec: KVSpec, num_blocks: int, block_size: int, outputs
     from ..engine.executor import ModelExecutor
     from ..engine.model import PagedAttentionBackend
     from ..engine.plan import StepOutput
-    from ..storage import KVStore
+    from ..kv.storage import KVStore
 
     from .costmodel import placeholder_token
 
@@ -248,9 +238,7 @@ def run_block_size(requests: Sequence[BenchRequest], block_size: int, cfg: Bench
     host_blocks = cfg.host_pool_bytes // bytes_per_block
     mgr = KVCacheManager(num_blocks, block_size, policy=cfg.policy, hash_seed=cfg.hash_seed,
                          num_host_blocks=host_blocks, enable_caching=cfg.enable_caching)
-    p = cfg.params
-    preempt_cost = PreemptionCostModel(prefill_tokens_per_s=1.0 / max(p.prefill_s_per_token, 1e-12),
-                                       link_bytes_per_s=p.link_bytes_per_s, kv_bytes_per_token=bpt)
+    preempt_cost = PreemptionCostModel.from_params(cfg.params, bpt)
     scheduler = Scheduler(mgr, SchedulerConfig(max_num_batched_tokens=cfg.max_num_batched_tokens,
                                                max_num_seqs=cfg.max_num_seqs,
                                                max_prefill_chunk=cfg.max_prefill_chunk), preempt_cost)
@@ -259,7 +247,7 @@ def run_block_size(requests: Sequence[BenchRequest], block_size: int, cfg: Bench
         executor = make_engine_executor(spec, num_blocks, block_size, outputs, host_blocks)
         clock = JumpClock()
     elif cfg.executor == "cost-model":
-        executor = CostModelExecutor(CostModel(p, bpt), outputs)
+        executor = CostModelExecutor(CostModel(cfg.params, bpt), outputs)
         clock = SimulatedClock()
     else:
         raise ValueError(f"executor must be 'cost-model' or 'engine', got {cfg.executor!r}")
@@ -368,6 +356,25 @@ class BenchResult:
         return out
 
 
+_KEYS = ("concurrency_mean", "concurrency_max", "completed_per_s", "output_tokens_per_s", "ttft_p50_s",
+         "ttft_p99_s", "itl_p50_s", "itl_p99_s", "makespan_s", "prefix_hit_rate", "completed",
+         "rejected_too_long")
+
+
+def compare_reserved_baseline(requests: Sequence, cfg, runs, *, reserve_tokens: int | str = "max") -> tuple[dict, dict]:
+    """(JSON summary, raw reserved run): the reserved baseline next to every paged run, and a paged
+    run without the prefix cache (at the middle block size) to separate paging from sharing."""
+    raw = run_reserved(requests, cfg, reserve_tokens=reserve_tokens)
+    reserved = {k: v for k, v in raw.items() if not k.startswith("_")}
+    keys = (*_KEYS, "preemptions", "recomputed_tokens")   # a paged run can thrash: show what it recomputed
+    paged = [dict(allocator="paged", block_size=r.summary["block_size"], **{k: r.summary[k] for k in keys})
+             for r in runs]
+    mid = sorted(cfg.block_sizes)[len(cfg.block_sizes) // 2]
+    nocache = run_block_size(requests, mid, replace(cfg, enable_caching=False)).summary
+    paged_nocache = dict(allocator="paged, no prefix cache", block_size=mid, **{k: nocache[k] for k in keys})
+    return dict(reserved=reserved, paged=paged, paged_no_cache=paged_nocache), raw
+
+
 def run_bench(trace: Trace, cfg: BenchConfig, *, trace_label: str | None = None, vocab: int = 32_000,
               compare_reserved: bool = False, reserve_tokens: int | str = "max",
               on_done=None) -> BenchResult:
@@ -393,9 +400,8 @@ def run_bench(trace: Trace, cfg: BenchConfig, *, trace_label: str | None = None,
             on_done(size)
     result = BenchResult(cfg, info, runs)
     if compare_reserved:
-        from .reserved import ReservedBaselineError, compare_reserved as _compare
         try:
-            result.reserved, result.reserved_run = _compare(requests, cfg, runs, reserve_tokens=reserve_tokens)
+            result.reserved, result.reserved_run = compare_reserved_baseline(requests, cfg, runs, reserve_tokens=reserve_tokens)
         except ReservedBaselineError as exc:
             result.reserved_error = str(exc)
     return result
@@ -411,8 +417,6 @@ def compare_executors(trace: Trace, cfg: BenchConfig, *, vocab: int = 256) -> di
     Needs torch. The engine's outputs are teacher-forced to the trace's (see
     ``make_engine_executor``), so both runs compute the same tokens.
     """
-    from dataclasses import replace
-
     real = run_bench(trace, replace(cfg, executor="engine"), vocab=vocab)
     model = run_bench(trace, replace(cfg, executor="cost-model"), vocab=vocab)
     out = dict(cost_params=cfg.params.name, rows=[])

@@ -1,6 +1,6 @@
 """A packed generation engine over prefixkv's manager, KV store and paged attention.
 
-Torch-free parts (scheduler, plan, cost model, metrics) import eagerly; the
+Torch-free parts (scheduler, plan, metrics; the cost models are ``prefixkv.costs``) import eagerly; the
 model, executor and engine factory need the ``torch`` extra and import on
 first use. See ``plan.py`` for the scheduler/executor seam.
 """
@@ -8,9 +8,9 @@ first use. See ``plan.py`` for the scheduler/executor seam.
 from __future__ import annotations
 
 from .capacity import Round, RoundCapacity, round_capacity
-from .cost import PreemptionChoice, PreemptionCostModel
 from .engine import Engine, StepResult
-from .metrics import RequestMetrics, RunMetrics, SimulatedClock, WallClock, percentile, summarize
+from .metrics import (RequestMetrics, RunMetrics, SimulatedClock, WallClock, percentile, summarize,
+                      time_weighted_mean)
 from .plan import BlockOp, Executor, PackedBatch, ScheduledRequest, StepOutput, StepPlan
 from .request import GREEDY, InvalidRequestTokens, Request, RequestStatus, SamplingParams, request_seed
 from .scheduler import Scheduler, SchedulerConfig
@@ -22,10 +22,10 @@ _LAZY = {
 
 __all__ = [
     "Engine", "StepResult", "Scheduler", "SchedulerConfig", "Round", "RoundCapacity", "round_capacity",
-    "PreemptionCostModel", "PreemptionChoice", "StepPlan", "ScheduledRequest", "BlockOp", "PackedBatch",
+    "StepPlan", "ScheduledRequest", "BlockOp", "PackedBatch",
     "StepOutput", "Executor", "Request", "RequestStatus", "SamplingParams", "GREEDY", "InvalidRequestTokens",
     "request_seed", "RequestMetrics",
-    "RunMetrics", "SimulatedClock", "WallClock", "percentile", "summarize", *_LAZY,
+    "RunMetrics", "SimulatedClock", "WallClock", "percentile", "summarize", "time_weighted_mean", *_LAZY,
 ]
 
 

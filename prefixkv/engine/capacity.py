@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Hashable, Mapping
 
 from ..manager import KVCacheManager
-from .cost import PreemptMode
+from ..costs import PreemptMode
 from .request import Request
 
 

@@ -13,8 +13,6 @@ import argparse
 import json
 import time
 
-from ..argtypes import positive_int
-
 SYSTEM_PROMPT = (
     "You are the on-call assistant for a paged KV-cache library. Answer in one short paragraph, "
     "name the exact function or command to use, never invent an option, and say so when a "
@@ -157,32 +155,3 @@ def cmd_generate(args) -> int:
     else:
         print_report(result)
     return 0 if result["outputs_identical"] else 1
-
-
-def add_generate_command(subparsers) -> argparse.ArgumentParser:
-    """Register ``prefixkv generate`` on an ``add_subparsers()`` object; returns its parser."""
-    p = subparsers.add_parser(
-        "generate", help="run a tiny random-weight Llama through the packed engine, prefix cache on vs off",
-        description="Generate with a tiny random-weight Llama-style model (no download) through prefixkv's "
-                    "packed engine, on built-in prompts that share a system prompt; print prefill tokens "
-                    "saved by the prefix cache, hit rate and tokens/s, with the same run without the cache "
-                    "beside it.")
-    p.add_argument("--requests", type=positive_int, default=8, help="number of prompts (default 8)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=32)
-    p.add_argument("--block-size", type=positive_int, default=16)
-    p.add_argument("--num-blocks", type=positive_int, default=512, help="KV pool size in blocks")
-    p.add_argument("--budget", type=positive_int, default=256, help="token budget per step")
-    p.add_argument("--max-seqs", type=positive_int, default=16, help="concurrency limit")
-    p.add_argument("--layers", type=positive_int, default=4)
-    p.add_argument("--hidden-size", type=positive_int, default=256)
-    p.add_argument("--heads", type=positive_int, default=8)
-    p.add_argument("--kv-heads", type=positive_int, default=2)
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    p.add_argument("--seed", type=int, default=0, help="weights and sampling seed")
-    p.add_argument("--repeat", type=positive_int, default=3, help="runs per setting, alternating; the fastest "
-                                                               "is reported (default 3)")
-    p.add_argument("--threads", type=positive_int, default=1,
-                   help="torch CPU threads (default 1: the model is tiny, more threads mostly add waiting)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_generate)
-    return p

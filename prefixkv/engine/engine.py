@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Hashable, Iterable, Sequence
 
 from ..manager import KVCacheManager
-from .cost import PreemptionCostModel
+from ..costs import PreemptionCostModel
 from .metrics import RunMetrics, WallClock, summarize
 from .plan import Executor, StepPlan
 from .request import GREEDY, Request, SamplingParams, check_prompt_tokens, request_seed
@@ -76,7 +76,7 @@ class Engine:
         and ``logits(hidden)``, like ``TinyLlama``; see ``prefixkv.engine.model.EngineModel``).
         A model that tells its ``vocab_size`` (or ``config.vocab_size``) gets its prompts checked
         against it. ``seed``: the base of the per-request sampling seeds (see the module docs)."""
-        from ..storage import KVStore
+        from ..kv.storage import KVStore
         from .executor import ModelExecutor
 
         spec = model.config.kv_spec()

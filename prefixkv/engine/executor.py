@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from ..storage import KVStore
+from ..kv.storage import KVStore
 from .model import PagedAttentionBackend, model_vocab_size
 from .plan import StepOutput, StepPlan
 from .sampling import sample

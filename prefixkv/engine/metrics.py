@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
+import numpy as np
+
 
 class Clock(Protocol):
     def now(self) -> float: ...
@@ -137,3 +139,15 @@ def summarize(requests: Iterable, run: RunMetrics, wall_s: float | None = None) 
         "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
         "itl_p50_s": percentile(itls, 50), "itl_p99_s": percentile(itls, 99),
     }
+
+
+def time_weighted_mean(step_starts: list[float], last_end: float):
+    """``mean(values)`` over time for per-step samples: the state a step leaves holds through the
+    step and any idle wait until the next one starts, so long prefill steps and quiet spells count
+    for what they last (a plain mean over steps would not)."""
+    if not step_starts:
+        return lambda values: 0.0
+    starts = np.asarray(step_starts, dtype=np.float64)
+    weights = np.maximum(np.append(starts[1:], last_end) - starts, 0.0)
+    weights = weights / weights.sum() if weights.sum() > 0 else np.full(len(starts), 1.0 / len(starts))
+    return lambda values: float(np.dot(weights, np.asarray(values, dtype=np.float64)))

@@ -8,7 +8,7 @@ Attention is pluggable: ``forward(token_ids, positions, attention)`` calls
 ``attention(layer, q, k, v)`` in every layer, so one model runs
 
 * paged (``PagedAttentionBackend``): K/V written through a slot mapping into a
-  ``KVStore``, then ``prefixkv.attention.paged_attention`` over the block
+  ``KVStore``, then ``prefixkv.kv.attention.paged_attention`` over the block
   tables: a flat packed row of many requests' prefill chunks and decodes;
 * dense (``DenseCausalAttention``): one sequence, every token at once, no
   cache at all: the reference that engine outputs are compared with.
@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import paged_attention
+from ..kv.attention import paged_attention
 from ..sizing import KVSpec
-from ..storage import torch_dtype
+from ..kv.storage import torch_dtype
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,7 @@ from ..manager import KVCacheManager
 from ..prompt import Prompt
 from .capacity import (Round, _cdiv, admission_cost, exclusive_blocks, fit_append, hashed_tokens,
                        round_capacity, swap_in_cost, swapped_growth)
-from .cost import PreemptionChoice, PreemptionCostModel
+from ..costs import PreemptionChoice, PreemptionCostModel
 from .plan import BlockOp, ScheduledRequest, StepOutput, StepPlan
 from .request import Request, RequestStatus
 

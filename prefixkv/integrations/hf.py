@@ -34,7 +34,7 @@ through the block tables; it works with every attention implementation.
 ``mode="paged"``: the model must use ``attn_implementation="prefixkv_paged"``
 (``model.set_attn_implementation(PAGED_ATTENTION)``); ``update`` only writes and
 hands the block tables to that attention function through the attention kwargs,
-which calls ``prefixkv.attention.paged_attention`` on the pool: no contiguous
+which calls ``prefixkv.kv.attention.paged_attention`` on the pool: no contiguous
 copy per step in the cache (on the CPU the ``"torch"`` implementation still
 gathers internally; the CUDA kernels read the pool in place).
 
@@ -137,7 +137,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from prefixkv.errors import OutOfBlocks
 from prefixkv.manager import KVCacheManager
 from prefixkv.sizing import KVSpec, parse_size
-from prefixkv.storage import KVStore
+from prefixkv.kv.storage import KVStore
 
 SUPPORTED_TRANSFORMERS = ">=5.24,<5.25"
 _SUPPORTED_RANGE = ((5, 24), (5, 25))

@@ -24,7 +24,7 @@ it.
 * ``AttentionInterface``: ``engine_attention_forward``. With a backend in its
   kwargs it takes the layer from ``module.layer_idx``, writes that layer's new
   K/V through the backend's slot mapping into the ``KVStore`` and runs
-  ``prefixkv.attention.paged_attention`` over the block tables with
+  ``prefixkv.kv.attention.paged_attention`` over the block tables with
   ``query_start_loc``: causal inside each request's new tokens, over its cached
   prefix, never across requests. Without a backend (a plain ``model.generate``
   on the same model) it is transformers' SDPA attention, so switching a model
@@ -62,7 +62,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from prefixkv.attention import paged_attention
+from prefixkv.kv.attention import paged_attention
 from prefixkv.sizing import KVSpec
 
 from .hf_paged import ALIBI_REASON, alibi_of, attention_backend_problem, check_text_only, kv_heads_of

@@ -7,7 +7,7 @@ entries under the name ``PAGED_ATTENTION``:
   ``mode="paged"`` puts a ``PagedCall`` (this forward's block tables, lengths,
   query layout, and the layer) into the ``kwargs`` dict the model passes to
   ``cache.update``; transformers hands the same dict to the attention function,
-  which then calls ``prefixkv.attention.paged_attention`` on the pool: no
+  which then calls ``prefixkv.kv.attention.paged_attention`` on the pool: no
   contiguous K/V is assembled by the cache. Without a ``PagedCall`` (any other
   cache, or no cache) it is plain SDPA over the key/value it was given, so a
   model switched to ``prefixkv_paged`` still works with ``DynamicCache``.
@@ -34,7 +34,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from prefixkv.attention import paged_attention
+from prefixkv.kv.attention import paged_attention
 
 __all__ = ["PAGED_ATTENTION", "PAGED_KWARG", "PagedStep", "PagedCall", "paged_attention_forward", "register",
            "kv_heads_of", "alibi_of", "attention_backend_problem", "check_text_only"]
@@ -110,7 +110,7 @@ def attention_backend_problem(model) -> str | None:
 class PagedStep:
     """One forward's paged-attention metadata, shared by every layer."""
 
-    store: object                      # prefixkv.storage.KVStore
+    store: object                      # prefixkv.kv.storage.KVStore
     block_tables: torch.Tensor         # [num_seqs, width] int32, on the pool's device
     seq_lens: torch.Tensor             # [num_seqs] int32: history length including this forward's tokens
     query_start_loc: torch.Tensor | None   # [num_seqs + 1] int32 (extend); None: decode, one query per row

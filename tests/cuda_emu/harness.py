@@ -10,7 +10,7 @@ like ``cuLaunchKernel``, with numpy arrays for device pointers and numpy scalars
 The function-local statics that ``__shared__`` becomes are moved (objcopy) into one ELF section,
 ``emu_shared``, which the runtime fills with 0xFF bytes (NaN) before each block.
 
-``emulated_paged_attention`` runs ``prefixkv.cuda_kernels``' own plans (same kernels, grids and
+``emulated_paged_attention`` runs ``prefixkv.kv.cuda_kernels``' own plans (same kernels, grids and
 argument lists as the CuPy path) on numpy inputs; bf16 arrays are uint16 bit patterns.
 """
 
@@ -208,8 +208,8 @@ def to_float(x, dtype: str) -> np.ndarray:
 def emulated_paged_attention(module: EmuModule, query, k_pool, v_pool, block_tables, seq_lens, scale,
                              query_start_loc=None, return_lse=False, *, dtype: str, out=None, lse=None,
                              num_splits=None, rows=None, poison=True):
-    """``prefixkv.cuda_kernels.paged_attention_cuda`` with the emulated kernels, on numpy arrays."""
-    from prefixkv import cuda_kernels as ck
+    """``prefixkv.kv.cuda_kernels.paged_attention_cuda`` with the emulated kernels, on numpy arrays."""
+    from prefixkv.kv import cuda_kernels as ck
 
     dims = ck.check_inputs(query, k_pool, v_pool, block_tables, seq_lens, query_start_loc, dtype=dtype)
     plan = ck.plan_attention(dims, num_splits=num_splits, rows=rows)

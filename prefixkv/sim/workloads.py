@@ -1,7 +1,7 @@
 """A seeded synthetic workload generator that writes a prefixkv token trace.
 
 The generator writes a file first (``generate_trace``); a replay loads it
-afterwards (``prefixkv.traces.load_trace``). A fixed file is the basis of every
+afterwards (``prefixkv.sim.traces.load_trace``). A fixed file is the basis of every
 fair comparison: every policy and capacity sees exactly the same requests.
 
 The workload mixes the sharing patterns a prefix cache lives on:
@@ -230,7 +230,7 @@ def generate_trace(path: str | os.PathLike, config: WorkloadConfig = DEFAULT_WOR
     """
     requests = generate_requests(config)
     return write_token_trace(path, requests, block_size=config.block_size, name=config.name,
-                             meta={"generator": "prefixkv.workloads", "config": config.as_dict()})
+                             meta={"generator": "prefixkv.sim.workloads", "config": config.as_dict()})
 
 
 def builtin_trace(name: str = "default", directory: str | os.PathLike | None = None) -> Trace:

@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Hashable, Iterable, Iterator, Sequence
 
-from .errors import PrefixKVError
+from ..errors import PrefixKVError
 
 __all__ = [
     "TraceRequest", "Trace", "TraceFormatError", "load_trace", "load_mooncake", "load_kvcache_tester",
@@ -161,7 +161,7 @@ class Trace:
         A hashed trace's every id counts (``include_partial=False`` drops a
         Mooncake request's last, partly filled block); a token trace counts
         its full blocks (a partial block has no hash). This is what
-        ``prefixkv.replay`` counts as block accesses.
+        ``prefixkv.sim.replay`` counts as block accesses.
         """
         size = self.block_size
         total = 0
@@ -185,7 +185,7 @@ class Trace:
                 seen.update(r.block_hashes if include_partial else r.block_hashes[:r.input_length // size])
             elif r.tokens is not None:
                 if hasher is None:
-                    from .hashing import BlockHasher
+                    from ..hashing import BlockHasher
                     hasher = BlockHasher(size, seed=0)
                 seen.update(_token_hashes(hasher, r))
         return len(seen)
@@ -210,7 +210,7 @@ class Trace:
 
 
 def _token_hashes(hasher, r: TraceRequest) -> list:
-    from .hashing import NO_EXTRA_KEYS, ExtraKeys, encode_tokens
+    from ..hashing import NO_EXTRA_KEYS, ExtraKeys, encode_tokens
     extra = NO_EXTRA_KEYS if r.salt is None else ExtraKeys(salt=r.salt)
     tokens = encode_tokens(r.tokens)
     return hasher.hash_blocks(tokens, 0, len(tokens) // hasher.block_size, None, extra)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import InvariantViolation, OutOfBlocks
-from .manager import KVCacheManager
-from .sizing import tail_waste
+from ..errors import InvariantViolation, OutOfBlocks
+from ..manager import KVCacheManager
+from ..sizing import tail_waste
 from .slotstore import SlotStore
 
 

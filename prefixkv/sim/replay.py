@@ -23,9 +23,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from .errors import SequenceTooLong
-from .manager import KVCacheManager
-from .policies import make_policy
+from ..errors import SequenceTooLong
+from ..manager import KVCacheManager
+from ..policies import make_policy
 
 
 @dataclass

@@ -30,7 +30,7 @@ Grad modes: the pools (and the host swap space) are always normal tensors,
 allocated under ``torch.inference_mode(False)``, so a store built inside
 ``torch.inference_mode()`` can be written outside it and the other way round.
 
-Only ``import prefixkv.storage`` needs torch; ``import prefixkv`` does not.
+Only ``import prefixkv.kv.storage`` needs torch; ``import prefixkv`` does not.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from .sizing import KVSpec, parse_size
+from ..sizing import KVSpec, parse_size
 
 __all__ = ["KVStore", "TORCH_DTYPES", "torch_dtype"]
 

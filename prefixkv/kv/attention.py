@@ -45,12 +45,12 @@ Implementations (``impl=``):
   sequence's K/V through its block table (``index_select``) and calls
   ``torch.nn.functional.scaled_dot_product_attention``; decode batches are padded
   to their longest sequence and masked. Runs on any torch device.
-* ``"cuda"``: the CuPy raw kernels of ``prefixkv.cuda_kernels``
+* ``"cuda"``: the CuPy raw kernels of ``prefixkv.kv.cuda_kernels``
   (``paged_attention_cuda(query, k_pool, v_pool, block_tables, seq_lens, scale,
   query_start_loc=None, return_lse=False)``), CUDA tensors only.
 * ``"auto"`` (default): ``"cuda"`` when the query is a CUDA tensor, ``cupy`` imports
   and the kernels cover the shape; ``"torch"`` otherwise. If
-  ``prefixkv.cuda_kernels`` cannot be imported, a warning is issued once and the
+  ``prefixkv.kv.cuda_kernels`` cannot be imported, a warning is issued once and the
   torch path runs.
 
 Value checks (lengths against the tables, block ids in range, query offsets)
@@ -502,16 +502,16 @@ def _cupy_available() -> bool:
 
 
 def _load_cuda_kernels(*, warn: bool):
-    """``prefixkv.cuda_kernels.paged_attention_cuda`` or None (with a one-time warning when ``warn``)."""
+    """``prefixkv.kv.cuda_kernels.paged_attention_cuda`` or None (with a one-time warning when ``warn``)."""
     global _warned_no_kernels
     try:
-        from prefixkv.cuda_kernels import paged_attention_cuda
+        from prefixkv.kv.cuda_kernels import paged_attention_cuda
     except ImportError as exc:
         if not warn:
             raise
         if not _warned_no_kernels:
             _warned_no_kernels = True
-            warnings.warn(f"prefixkv.cuda_kernels is not available ({exc}); paged attention on CUDA tensors "
+            warnings.warn(f"prefixkv.kv.cuda_kernels is not available ({exc}); paged attention on CUDA tensors "
                           "falls back to the torch path", RuntimeWarning, stacklevel=3)
         return None
     return paged_attention_cuda
@@ -520,7 +520,7 @@ def _load_cuda_kernels(*, warn: bool):
 def _kernel_covers(query, k_pool) -> bool:
     """The shapes the issue promises the CUDA kernels (others go to the torch path under "auto")."""
     try:
-        from prefixkv import cuda_kernels
+        from prefixkv.kv import cuda_kernels
     except ImportError:
         return False
     supports = getattr(cuda_kernels, "supports", None)
@@ -594,6 +594,6 @@ def _run_cuda(query, k_pool, v_pool, block_tables, seq_lens, scale, query_start_
     _, _, scale = _check_shapes(query, k_pool, v_pool, tables, lens, scale, starts, out)
     if out is None:
         return kernel(query, k_pool, v_pool, tables, lens, scale, query_start_loc=starts, return_lse=return_lse)
-    from prefixkv.cuda_kernels import launch_paged_attention  # writes straight into ``out``
+    from prefixkv.kv.cuda_kernels import launch_paged_attention  # writes straight into ``out``
 
     return launch_paged_attention(query, k_pool, v_pool, tables, lens, scale, starts, return_lse, out=out)
