@@ -1,0 +1,22 @@
+"""Storage tiers below the device pool: where evicted or shared KV blocks live.
+
+Tiers stack: the device pool (``prefixkv.pool.BlockPool``) -> a host tier -> an
+optional remote tier. This package holds the pieces a tier is made of; each
+module has one job and states its contract in its docstring:
+
+* ``fingerprint``: what makes two processes' KV bytes interchangeable (weights
+  digest, dtype, shapes, block size, tensor parallelism, hash algorithm and
+  seed, layout), as one digest that every remote key carries.
+* ``block_codec``: one self-describing, checksummed value per block (header +
+  all layers' K and V); decoding verifies everything and names the reason
+  when a value is refused.
+* ``redis_keys``: the key of a block (prefix, format version, fingerprint,
+  chained hash) and the Cluster hash tag that keeps a run of consecutive
+  blocks of one chain in one slot.
+* ``redis_store``: the Redis block store (extra ``[redis]``): probe, fetch with
+  verification, a background writer, a circuit breaker, operator calls.
+* ``staging``: packing one block out of / into ``KVStore`` pools (torch).
+
+Importing this package imports neither redis nor torch; only
+``redis_store`` needs redis-py and only ``staging`` needs torch.
+"""
