@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
-from .argtypes import fraction, positive_int, positive_size, size
+from . import __version__
+from .argtypes import fraction, non_negative_int, positive_int, positive_size, size
 from .errors import PrefixKVError
 from .sizing import KVSpec, format_size, parse_size, plan
 
@@ -76,9 +78,12 @@ def _trace_sources(args: argparse.Namespace):
     from .sim.workloads import builtin_trace
 
     traces = [args.trace] if isinstance(args.trace, str) else list(args.trace or [])
+    if traces and args.workload is not None:
+        raise ValueError("--workload names the built-in trace used when no --trace is given; give one or the other")
     if not traces:
-        trace = builtin_trace(args.workload)
-        return [TraceSource(f"{args.workload} (generated)", (str(trace.path),), "tokens")]
+        workload = args.workload or "default"
+        trace = builtin_trace(workload)
+        return [TraceSource(f"{workload} (generated)", (str(trace.path),), "tokens")]
     paths = [os.path.normpath(item) for item in traces]
     if len(set(paths)) < len(paths):
         raise ValueError("the same trace is given twice")
@@ -94,18 +99,47 @@ def _where_generated(sources) -> str | None:
     return f"{generated[0].label}: trace file {generated[0].paths[0]}" if generated else None
 
 
+def _check_belady_mode(policies, mode: str) -> None:
+    if mode != "cache" and any(p.partition(":")[0] == "belady" for p in policies):
+        raise ValueError("belady (MIN) needs requests in trace order: it runs with --mode cache only")
+
+
+def _effective_capacity(trace, requested: int, mode: str) -> tuple[int, str | None]:
+    """``requested`` clamped to what the trace can ever fill (a larger cache replays identically),
+    refused when even that would not fit in memory; and a note when clamped."""
+    from .hostmem import require_blocks
+    from .sim.sweep import capacity_bound
+
+    bound = capacity_bound(trace, mode)
+    capacity = min(requested, bound)
+    require_blocks(capacity, f"a cache of {capacity:,} blocks")
+    if capacity == requested:
+        return capacity, None
+    return capacity, (f"capacity {requested:,} is more than this trace can ever fill; replayed at {capacity:,} "
+                      f"blocks, which gives the same result (capacities are in blocks of {trace.block_size} "
+                      f"tokens, not tokens)")
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from .sim.replay import replay
 
+    _check_belady_mode([args.policy], args.mode)
     source = _trace_sources(args)[0]
     trace = source.load()
-    result = replay(trace, args.policy, args.capacity, mode=args.mode, warmup=args.warmup).as_dict()
+    capacity, note = _effective_capacity(trace, args.capacity, args.mode)
+    result = replay(trace, args.policy, capacity, mode=args.mode, warmup=args.warmup).as_dict()
     result["trace"] = source.label
+    result["requested_capacity"] = args.capacity
+    result["effective_capacity"] = capacity
     if args.json:
         print(json.dumps(result))
+        if note:
+            print(f"prefixkv replay: note: {note}", file=sys.stderr)
         return 0
     print(f"{source.label}: {len(trace):,} requests, blocks of {trace.block_size} tokens, "
-          f"policy {args.policy}, capacity {args.capacity:,} blocks, {args.mode} mode")
+          f"policy {args.policy}, capacity {capacity:,} blocks, {args.mode} mode")
+    if note:
+        print(f"note: {note}")
     where = _where_generated([source])
     if where:
         print(where)
@@ -125,59 +159,99 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from rich.progress import Progress
-    from rich.table import Table
 
-    from .sim.sweep import auto_capacities, gap_summary, plot, sweep
     from .console import make_console
+    from .hostmem import require_blocks
+    from .outputs import atomic_path, plot_file
     from .policies import available_policies, make_policy
+    from .sim.sweep import SweepInterrupted, auto_capacities, gap_summary, plot, sweep
 
     # LRU first (the baseline), MIN last (the bound, only where the future is known), the rest by name.
     policies = args.policies or sorted((p for p in available_policies()
                                         if p != "belady" or args.mode == "cache"),
                                        key=lambda p: (p != "lru", p == "belady", p))
-    if args.mode != "cache" and "belady" in policies:
-        raise ValueError("belady (MIN) needs requests in trace order: it runs in --mode cache only")
+    _check_belady_mode(policies, args.mode)
     unknown = [p for p in policies if p.partition(":")[0] not in available_policies()]
     if unknown:
         raise ValueError(f"unknown polic{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
                          f"available: {', '.join(available_policies())}")
     for spec in policies:  # bad options stop here, before any worker starts
         make_policy(spec)
+    plot_path = plot_file(args.plot) if args.plot else None    # before any cell runs
     sources = _trace_sources(args)
-    capacities = {s.label: (auto_capacities(s.load()) if args.capacities == "auto" else args.capacities)
-                  for s in sources}
+    capacities, notes = {}, []
+    for s in sources:
+        if args.capacities == "auto":
+            capacities[s.label], note = auto_capacities(s.load())
+            if note:
+                notes.append(f"{s.label}: {note}")
+        else:
+            capacities[s.label] = args.capacities
+    require_blocks(max(max(c) for c in capacities.values()), "the largest capacity")
     console = make_console(stderr=True)
     total = sum(len(policies) * len(capacities[s.label]) for s in sources)
+    interrupted = None
     with Progress(console=console, transient=True, disable=args.json or not console.is_terminal) as bar:
         task = bar.add_task("replaying", total=total)
-        results = sweep(sources, policies, capacities, mode=args.mode, warmup=args.warmup,
-                        workers=args.workers, on_done=lambda _: bar.advance(task))
+        try:
+            results = sweep(sources, policies, capacities, mode=args.mode, warmup=args.warmup,
+                            workers=args.workers, on_done=lambda _: bar.advance(task))
+        except SweepInterrupted as exc:
+            results, interrupted = exc.finished, exc
     summary = gap_summary(results)
-    if args.plot:
-        plot(results, args.plot)
     if args.json:
-        print(json.dumps({"results": results, "summary": summary}))
-        return 0
+        doc = {"results": results, "summary": summary}
+        if interrupted:
+            doc["complete"] = False
+        print(json.dumps(doc))
+    else:
+        _print_compare_tables(sources, policies, capacities, results, summary, args.mode, interrupted)
+        for note in notes:
+            make_console().print(f"note: {note}")
+        where = _where_generated(sources)
+        if where:
+            make_console().print(where)
+    if interrupted:
+        raise KeyboardInterrupt          # no plot from a partial sweep; main says "interrupted"
+    if plot_path:
+        with atomic_path(plot_path) as tmp:
+            plot(results, tmp)
+        print(f"plot written to {plot_path}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def _print_compare_tables(sources, policies, capacities, results, summary, mode, interrupted) -> None:
+    from rich.table import Table
+
+    from .console import make_console
+
     out = make_console()
     for source in sources:
         caps = capacities[source.label]
         rows = [r for r in results if r["trace"] == source.label]
+        if not rows:
+            continue
+        incomplete = (f" [INCOMPLETE: interrupted after {len(interrupted.finished)} of {interrupted.total} "
+                      "cells]") if interrupted else ""
         table = Table(title=f"{source.label}: block hit rate (%) by capacity in blocks of "
-                            f"{rows[0]['block_size']} tokens, {args.mode} mode")
+                            f"{rows[0]['block_size']} tokens, {mode} mode{incomplete}")
         table.add_column("policy")
         for c in caps:
             table.add_column(f"{c:,}", justify="right")
         rate = {(r["policy"], r["capacity"]): r["block_hit_rate"] for r in rows}
         online = [p for p in policies if p != "belady"]
-        best = {c: max(rate[(p, c)] for p in online) for c in caps} if online else {}
+        best = {c: max((rate[(p, c)] for p in online if (p, c) in rate), default=None) for c in caps}
         for p in policies:
             cells = []
             for c in caps:
+                if (p, c) not in rate:
+                    cells.append("-")
+                    continue
                 text = f"{100 * rate[(p, c)]:.2f}"
                 cells.append(f"[bold]{text}[/bold]" if p != "belady" and rate[(p, c)] == best[c] else text)
             table.add_row("MIN (belady)" if p == "belady" else p, *cells)
         gaps = {row["capacity"]: row for row in summary if row["trace"] == source.label}
-        if online and all("gap_closed" in gaps[c] for c in caps):
+        if online and not interrupted and all("gap_closed" in gaps[c] for c in caps):
             table.add_section()
             table.add_row("best online", *[gaps[c]["best_policy"] for c in caps])
             table.add_row("LRU->MIN gap closed",
@@ -190,12 +264,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
             out.print("[yellow]requests larger than the whole cache, counted as all misses: "
                       + ", ".join(f"{n:,} of {total:,} at {c:,} blocks" for c, (n, total) in sorted(oversized.items()))
                       + "[/yellow]")
-    where = _where_generated(sources)
-    if where:
-        out.print(where)
-    if args.plot:
-        out.print(f"plot written to {args.plot}")
-    return 0
 
 
 def cmd_workload(args: argparse.Namespace) -> int:
@@ -203,11 +271,18 @@ def cmd_workload(args: argparse.Namespace) -> int:
 
     from .sim.workloads import BUILTIN_WORKLOADS, generate_trace
 
+    from .hostmem import require
+    from .outputs import atomic_path, data_file
+    from .sim.workloads import estimated_bytes
+
     config = BUILTIN_WORKLOADS[args.name]
     changes = {k: v for k, v in (("seed", args.seed), ("num_requests", args.requests)) if v is not None}
     config = replace(config, **changes)
-    path = generate_trace(args.out, config)
-    print(f"wrote {path}: {config.num_requests:,} requests of workload {config.name!r}, seed {config.seed}")
+    require(estimated_bytes(config), f"generating {config.num_requests:,} requests of workload {config.name!r}")
+    target = data_file(args.out, force=args.force)
+    with atomic_path(target) as tmp:
+        generate_trace(tmp, config)
+    print(f"wrote {target}: {config.num_requests:,} requests of workload {config.name!r}, seed {config.seed}")
     return 0
 
 
@@ -218,8 +293,8 @@ def _add_trace_args(p: argparse.ArgumentParser, many: bool) -> None:
                    help="a trace file or kv-cache-tester folder" + (" (repeatable)" if many else "")
                         + "; default: the built-in generated workload")
     p.add_argument("--format", default="auto", choices=["auto", "mooncake", "kvcache-tester", "tokens"])
-    p.add_argument("--workload", default="default", choices=sorted(BUILTIN_WORKLOADS),
-                   help="built-in workload used when no --trace is given")
+    p.add_argument("--workload", default=None, choices=sorted(BUILTIN_WORKLOADS),
+                   help="built-in workload used when no --trace is given (default: default)")
     p.add_argument("--mode", default="cache", choices=["cache", "concurrent"])
     p.add_argument("--warmup", type=fraction, default=0.0, help="fraction of requests excluded from measurement")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -252,6 +327,7 @@ def _policy_help() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prefixkv", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"prefixkv {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("plan", help="KV bytes per token/block and how many requests fit in a pool",
@@ -303,9 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("workload", help="write a seeded synthetic workload as a token trace file")
     from .sim.workloads import BUILTIN_WORKLOADS
     p.add_argument("--name", default="default", choices=sorted(BUILTIN_WORKLOADS))
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=non_negative_int, default=None)
     p.add_argument("--requests", type=positive_int, default=None)
-    p.add_argument("--out", required=True, help="output JSONL path")
+    p.add_argument("--out", required=True, help="output JSONL path (an existing file is kept unless --force)")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
     p.set_defaults(func=cmd_workload)
 
     from .bench.cli import add_bench_command
@@ -347,16 +424,37 @@ def _cmd_generate(args) -> int:
     return cmd_generate(args)
 
 
+_NEGATIVE_VALUE = re.compile(r"^-\d")
+
+
+def _attach_negative_values(argv: list[str]) -> list[str]:
+    """``--pool -1GiB`` as ``--pool=-1GiB``: argparse takes ``-1GiB`` for an option and says only
+    "expected one argument"; attached, the option's own check names the bad value."""
+    out: list[str] = []
+    for item in argv:
+        if out and _NEGATIVE_VALUE.match(item) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={item}"
+        else:
+            out.append(item)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return args.func(args)
-    except BrokenPipeError:  # `prefixkv ... | head`: the reader left; not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except (PrefixKVError, ValueError, OSError, RuntimeError) as exc:
-        parser.exit(2, f"prefixkv {args.command}: error: {exc}\n")
+        parser = build_parser()
+        args = parser.parse_args(_attach_negative_values(sys.argv[1:] if argv is None else list(argv)))
+        try:
+            return args.func(args)
+        except BrokenPipeError:  # `prefixkv ... | head`: the reader left; not an error of ours
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        except (PrefixKVError, ValueError, OSError, RuntimeError) as exc:
+            parser.exit(2, f"prefixkv {args.command}: error: {exc}\n")
+    except KeyboardInterrupt:
+        # Ctrl-C: one line and the shell's status for SIGINT, no traceback; outputs were written
+        # atomically, so nothing partial is left behind.
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -173,12 +173,18 @@ def load_params(spec: str | Path | None = None) -> CostParams:
     path = Path(spec)
     if not path.exists():
         raise ValueError(f"cost parameters {str(spec)!r}: not a profile ({', '.join(PROFILES)}) nor a file")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".toml":
-        import tomllib
-        data = tomllib.loads(text)
-    else:
-        data = json.loads(text)
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".toml":
+            import tomllib
+            data = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except UnicodeDecodeError:
+        raise ValueError(f"cost parameters {path}: not a text file") from None
+    except ValueError as exc:   # json.JSONDecodeError and tomllib.TOMLDecodeError are ValueErrors
+        kind = "TOML" if path.suffix == ".toml" else "JSON"
+        raise ValueError(f"cost parameters {path}: not valid {kind} ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected an object of cost parameters")
     base = data.pop("base", "h200")

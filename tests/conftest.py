@@ -1,6 +1,25 @@
-"""Fixtures shared by several test files."""
+"""Fixtures shared by several test files, and the Hypothesis profiles.
+
+Property-based tests without explicit sizes (the manager's state machine) take them from a
+profile chosen by ``PREFIXKV_HYPOTHESIS_PROFILE``: ``ci`` (the default, what CI runs), ``quick``
+(a smoke run) or ``long`` (a soak run: ``PREFIXKV_HYPOTHESIS_PROFILE=long .venv/bin/pytest
+tests/test_stateful.py``, about 4,400 examples and 570k steps). Explicit ``@settings`` on a test
+override the profile.
+"""
+
+import os
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.filter_too_much]
+settings.register_profile("ci", max_examples=300, stateful_step_count=50, deadline=None,
+                          suppress_health_check=_SLOW_OK)
+settings.register_profile("quick", max_examples=10, stateful_step_count=20, deadline=None,
+                          suppress_health_check=_SLOW_OK)
+settings.register_profile("long", max_examples=4_400, stateful_step_count=130, deadline=None,
+                          suppress_health_check=_SLOW_OK)
+settings.load_profile(os.environ.get("PREFIXKV_HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="module")

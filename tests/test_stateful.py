@@ -34,7 +34,6 @@ from itertools import count
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -570,11 +569,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert stats.evictable_blocks == stats.cached_hashes
 
 
+# Sizes come from the Hypothesis profile (tests/conftest.py: PREFIXKV_HYPOTHESIS_PROFILE).
 TestKVCacheManagerStateful = KVCacheMachine.TestCase
-TestKVCacheManagerStateful.settings = settings(
-    max_examples=300, stateful_step_count=50, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
 
 
 # -- deterministic companions ------------------------------------------------------

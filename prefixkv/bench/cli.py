@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from ..argtypes import positive_float, positive_int, positive_size, size
-from ..errors import PrefixKVError
-from ..sizing import DTYPE_BYTES, KVSpec
+from ..sizing import DTYPE_BYTES, KVSpec, format_size
 
 # The real tiny model's KV layout (TinyLlamaConfig defaults) and a pool a CPU can hold.
 ENGINE_SPEC = KVSpec(layers=2, kv_heads=2, head_dim=16, dtype="float32")
@@ -81,7 +81,7 @@ def build_config(args: argparse.Namespace):
     return BenchConfig(block_sizes=args.block_sizes, pool_bytes=pool, spec=spec, policy=args.policy,
                        max_num_batched_tokens=args.max_batched_tokens, max_num_seqs=args.max_seqs,
                        max_prefill_chunk=args.max_prefill_chunk, host_pool_bytes=args.host_pool,
-                       executor=args.executor, params=params)
+                       executor=args.executor, params=params, threads=args.threads)
 
 
 def load_bench_trace(args: argparse.Namespace):
@@ -89,12 +89,15 @@ def load_bench_trace(args: argparse.Namespace):
     from ..sim.traces import load_trace
     from ..sim.workloads import builtin_trace
 
+    if args.trace and args.workload is not None:
+        raise ValueError("--workload names the built-in trace used when no --trace is given; give one or the other")
     if args.trace:
         trace = load_trace(args.trace, args.format)
         label = os.path.basename(os.path.normpath(args.trace)) or args.trace
     else:
-        trace = builtin_trace(args.workload)
-        label = f"{args.workload} (generated, {os.path.basename(str(trace.path))})"
+        workload = args.workload or "default"
+        trace = builtin_trace(workload)
+        label = f"{workload} (generated, {os.path.basename(str(trace.path))})"
     if args.requests is not None:
         trace.requests = trace.requests[:args.requests]
     if args.rate_scale != 1.0:
@@ -103,14 +106,41 @@ def load_bench_trace(args: argparse.Namespace):
     return trace, label
 
 
+def check_pool_memory(cfg) -> None:
+    """Refuse a pool whose block bookkeeping alone cannot fit in host memory (before any run)."""
+    from ..hostmem import require_blocks
+
+    smallest = min(cfg.block_sizes)
+    per_block = cfg.spec.bytes_per_block(smallest)
+    blocks = cfg.pool_bytes // per_block + cfg.host_pool_bytes // per_block
+    require_blocks(blocks, f"a pool of {format_size(cfg.pool_bytes)} at block size {smallest}")
+
+
+def _progress(status, total: int):
+    """Spinner text after each block size: how many are done and, from their pace, the time left."""
+    start = time.perf_counter()
+    done = 0
+
+    def on_done(block_size: int) -> None:
+        nonlocal done
+        done += 1
+        elapsed = time.perf_counter() - start
+        left = elapsed / done * (total - done)
+        status.update(f"block size {block_size} done ({done} of {total}, about {left:,.0f} s left)")
+    return on_done
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from ..console import make_console
+    from ..outputs import plot_dir
     from .report import render, to_json, write_plots
     from .runner import run_bench
 
+    if args.reserve_tokens is not None and not args.compare_reserved:
+        raise ValueError("--reserve-tokens sets the reserved baseline's reservation: it needs --compare-reserved")
     cfg = build_config(args)
-    if args.plot and os.path.exists(args.plot) and not os.path.isdir(args.plot):
-        raise ValueError(f"--plot {args.plot}: it exists and is not a directory")  # before the run, not after
+    check_pool_memory(cfg)
+    plot_target = plot_dir(args.plot) if args.plot else None    # before the run, not after
     trace, label = load_bench_trace(args)
     if not trace.requests:
         raise ValueError("the trace has no requests")
@@ -120,24 +150,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
         status.start()
     try:
         result = run_bench(trace, cfg, trace_label=label, vocab=args.vocab, compare_reserved=args.compare_reserved,
-                           reserve_tokens=args.reserve_tokens,
-                           on_done=(lambda b: status.update(f"block size {b} done")) if status else None)
+                           reserve_tokens=args.reserve_tokens or "max",
+                           on_done=_progress(status, len(cfg.block_sizes)) if status else None)
     finally:
         if status:
             status.stop()
     if args.rate_scale != 1.0:
         result.trace["rate_scale"] = args.rate_scale
-    paths = write_plots(result, args.plot) if args.plot else []
+    # Results first: a plot that fails to write must not take the printed figures with it.
     if args.json:
-        print(to_json(result))
+        print(to_json(result), flush=True)
         if result.reserved_error is not None:
             print(f"prefixkv bench: note: {result.reserved_error} The paged results are complete.",
                   file=sys.stderr)
-        return 0
-    render(result)
-    out = make_console()
-    for p in paths:
-        out.print(f"wrote {p}")
+    else:
+        render(result, wide=args.wide)
+    if plot_target is not None:
+        paths = write_plots(result, plot_target)
+        for p in paths:
+            print(f"wrote {p}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -155,8 +186,9 @@ def add_bench_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--trace", help="a trace file (Mooncake, kv-cache-tester, prefixkv tokens); "
                                    "default: the built-in generated workload")
     p.add_argument("--format", default="auto", choices=["auto", "mooncake", "kvcache-tester", "tokens"])
-    p.add_argument("--workload", default="default", choices=sorted(BUILTIN_WORKLOADS),
-                   help="built-in workload used when no --trace is given (written to a file first)")
+    p.add_argument("--workload", default=None, choices=sorted(BUILTIN_WORKLOADS),
+                   help="built-in workload used when no --trace is given (written to a file first; "
+                        "default: default)")
     p.add_argument("--requests", type=positive_int, default=None, help="use the first N requests only")
     p.add_argument("--rate-scale", type=positive_float, default=1.0,
                    help="multiply the arrival rate (timestamps / X, X > 0) to load the system harder")
@@ -177,6 +209,9 @@ def add_bench_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-seqs", type=positive_int, default=128, help="concurrency limit")
     p.add_argument("--max-prefill-chunk", type=positive_int, default=None)
     p.add_argument("--executor", default="cost-model", choices=["cost-model", "engine"])
+    p.add_argument("--threads", type=positive_int, default=1,
+                   help="torch CPU threads for --executor engine (default 1: the model is tiny, more "
+                        "threads mostly add waiting on a busy machine)")
     p.add_argument("--cost-params", default=None,
                    help="profile name (h200, cpu-tiny) or a JSON/TOML file of cost parameters "
                         "(default: h200; engine: cpu-tiny)")
@@ -184,11 +219,14 @@ def add_bench_command(subparsers) -> argparse.ArgumentParser:
                    help="token ids synthesised for hashed traces are drawn below this")
     p.add_argument("--compare-reserved", action="store_true",
                    help="also serve the trace with reserve-max-length allocation on the same memory")
-    p.add_argument("--reserve-tokens", type=_reserve, default="max",
-                   help="what a reserved request reserves: max (the trace's longest request), request "
+    p.add_argument("--reserve-tokens", type=_reserve, default=None,
+                   help="with --compare-reserved, what a reserved request reserves: max (default: the "
+                        "trace's longest request), request "
                         "(its own length, an oracle) or a token count N (max(N, its own length): a "
                         "request longer than N still gets its own length)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--wide", action="store_true",
+                   help="one table with every column, however wide (default: split to fit the terminal)")
     p.add_argument("--plot", metavar="DIR", help="write latency_cdf.png, block_size.png, pool_usage.png "
                                                  "(and reserved.png) into DIR")
     p.set_defaults(func=cmd_bench)
@@ -196,15 +234,10 @@ def add_bench_command(subparsers) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``bench`` alone (until it is wired into ``prefixkv``): ``python -m prefixkv.bench.cli``."""
-    parser = argparse.ArgumentParser(prog="prefixkv")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_bench_command(sub)
-    args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
-    try:
-        return args.func(args)
-    except (PrefixKVError, ValueError, OSError, RuntimeError) as exc:
-        parser.exit(2, f"prefixkv bench: error: {exc}\n")
+    """``prefixkv bench ARGS`` (``python -m prefixkv.bench.cli ARGS``)."""
+    from ..cli import main as prefixkv_main
+
+    return prefixkv_main(["bench", *(argv if argv is not None else sys.argv[1:])])
 
 
 if __name__ == "__main__":

@@ -45,8 +45,52 @@ def rejection_note(result: BenchResult) -> str | None:
             f"req/s, out tok/s, TTFT and ITL count completed requests only")
 
 
-def render(result: BenchResult, console=None) -> None:
+# (header, cell) per column; the first is repeated when the table is split to fit a terminal.
+_BLOCK = ("block", lambda r: str(r["block_size"]))
+_MEMORY_COLUMNS = (
+    ("blocks", lambda r: f"{r['num_blocks']:,}"),
+    ("requests\ndone / rejected", _done),
+    ("tail waste MiB\nmean / peak", lambda r: f"{r['tail_waste_mib_mean']:,.1f} / {r['tail_waste_mib_peak']:,.1f}"),
+    ("table len\nmean / max", lambda r: f"{r['block_table_len_mean']:,.1f} / {r['block_table_len_max']:,}"),
+    ("hit %", lambda r: f"{100 * r['prefix_hit_rate']:.1f}"),
+    ("active / cached / free\n% of pool (mean)", lambda r: " / ".join(
+        f"{100 * r['usage_mean'][k]:.0f}" for k in ("active", "evictable", "free"))),
+)
+_TIME_COLUMNS = (
+    ("preempt", lambda r: f"{r['preemptions']:,}"),
+    ("TTFT ms\np50 / p99", lambda r: f"{_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p99_s'])}"),
+    ("ITL ms\np50 / p99", lambda r: f"{_ms(r['itl_p50_s'])} / {_ms(r['itl_p99_s'])}"),
+    ("req/s", lambda r: _num(r["completed_per_s"])),
+    ("out tok/s", lambda r: _num(r["output_tokens_per_s"], ",.0f")),
+    ("running\nmean / max", lambda r: f"{r['concurrency_mean']:.1f} / {r['concurrency_max']}"),
+    ("waiting\nmean / max", lambda r: f"{r['waiting_mean']:.1f} / {r['waiting_max']}"),
+)
+
+
+def _table(title: str, columns, runs):
     from rich.table import Table
+
+    table = Table(title=title)
+    for name, _ in columns:
+        table.add_column(name, justify="right")
+    for run in runs:
+        table.add_row(*(cell(run.summary) for _, cell in columns))
+    return table
+
+
+def bench_tables(result: BenchResult, title: str, width: int | None, wide: bool = False) -> list:
+    """One table with every column, or (when it would not fit ``width``, unless ``wide``) two:
+    memory and cache, then time and throughput."""
+    from rich.console import Console
+
+    whole = _table(title, (_BLOCK, *_MEMORY_COLUMNS, *_TIME_COLUMNS), result.runs)
+    if wide or width is None or Console(width=10**4).measure(whole).maximum <= width:
+        return [whole]
+    return [_table(f"{title}\n(1/2) memory and prefix cache", (_BLOCK, *_MEMORY_COLUMNS), result.runs),
+            _table("(2/2) time and throughput (--wide: one table)", (_BLOCK, *_TIME_COLUMNS), result.runs)]
+
+
+def render(result: BenchResult, console=None, wide: bool = False) -> None:
     from rich.text import Text
 
     from ..console import make_console
@@ -59,26 +103,8 @@ def render(result: BenchResult, console=None) -> None:
              f"{s.layers}x{s.kv_heads}x{s.head_dim} {s.dtype} ({s.bytes_per_token:,} B/token), "
              f"budget {cfg.max_num_batched_tokens} tokens, {cfg.max_num_seqs} seqs, policy {cfg.policy}, "
              f"executor {cfg.executor}" + (f" ({cfg.params.name})" if cfg.executor == "cost-model" else ""))
-    table = Table(title=title)
-    for name in ("block", "blocks", "requests\ndone / rejected", "tail waste MiB\nmean / peak",
-                 "table len\nmean / max", "preempt", "TTFT ms\np50 / p99", "ITL ms\np50 / p99", "req/s",
-                 "out tok/s", "hit %", "active / cached / free\n% of pool (mean)", "running\nmean / max",
-                 "waiting\nmean / max"):
-        table.add_column(name, justify="right")
-    for run in result.runs:
-        r = run.summary
-        u = r["usage_mean"]
-        table.add_row(
-            str(r["block_size"]), f"{r['num_blocks']:,}", _done(r),
-            f"{r['tail_waste_mib_mean']:,.1f} / {r['tail_waste_mib_peak']:,.1f}",
-            f"{r['block_table_len_mean']:,.1f} / {r['block_table_len_max']:,}",
-            f"{r['preemptions']:,}", f"{_ms(r['ttft_p50_s'])} / {_ms(r['ttft_p99_s'])}",
-            f"{_ms(r['itl_p50_s'])} / {_ms(r['itl_p99_s'])}", _num(r["completed_per_s"]),
-            _num(r["output_tokens_per_s"], ",.0f"), f"{100 * r['prefix_hit_rate']:.1f}",
-            f"{100 * u['active']:.0f} / {100 * u['evictable']:.0f} / {100 * u['free']:.0f}",
-            f"{r['concurrency_mean']:.1f} / {r['concurrency_max']}",
-            f"{r['waiting_mean']:.1f} / {r['waiting_max']}")
-    console.print(table)
+    for table in bench_tables(result, title, console.width, wide):
+        console.print(table)
     note = rejection_note(result)
     if note:
         console.print(Text(note, style="yellow"))
@@ -120,15 +146,25 @@ def render_reserved(cmp: dict, console) -> None:
 
 
 def write_plots(result: BenchResult, directory: str | Path) -> list[Path]:
-    """latency_cdf.png, block_size.png, pool_usage.png (and reserved.png with --compare-reserved)."""
+    """latency_cdf.png, block_size.png, pool_usage.png (and reserved.png with --compare-reserved).
+
+    Each file is written whole or not at all (``prefixkv.outputs.atomic_path``)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from ..outputs import atomic_path
+
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
+
+    def save(fig, name: str) -> None:
+        paths.append(out / name)
+        with atomic_path(paths[-1]) as tmp:
+            fig.savefig(tmp, dpi=110)
+        plt.close(fig)
     runs = result.runs
     label = result.trace["name"]
 
@@ -152,9 +188,7 @@ def write_plots(result: BenchResult, directory: str | Path) -> list[Path]:
         ax.legend(fontsize=8)
     fig.suptitle(f"{label}: latency CDF per block size")
     fig.tight_layout()
-    paths.append(out / "latency_cdf.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    save(fig, "latency_cdf.png")
 
     sizes = [r.summary["block_size"] for r in runs]
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -163,17 +197,17 @@ def write_plots(result: BenchResult, directory: str | Path) -> list[Path]:
     ax.set_xticks(sizes, [str(s) for s in sizes])
     ax.set_xlabel("block size (tokens)")
     ax.set_ylabel("prefix hit rate (%)", color="tab:blue")
+    ax.set_ylim(0, 100)         # from zero: a 1.5-point difference should look like one
     ax2 = ax.twinx()
     ax2.plot(sizes, [r.summary["tail_waste_mib_mean"] for r in runs], "s-", color="tab:red", label="tail waste (mean)")
     ax2.plot(sizes, [r.summary["tail_waste_mib_peak"] for r in runs], "s:", color="tab:red", label="tail waste (peak)")
     ax2.set_ylabel("tail waste (MiB)", color="tab:red")
+    ax2.set_ylim(0, None)
     ax.grid(True, alpha=0.3)
-    fig.legend(loc="upper center", ncol=3, fontsize=8)
-    fig.suptitle(f"{label}: hit rate and tail waste against block size", y=0.02, fontsize=9)
-    fig.tight_layout(rect=(0, 0.04, 1, 0.92))
-    paths.append(out / "block_size.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    fig.legend(loc="lower center", ncol=3, fontsize=8)
+    fig.suptitle(f"{label}:\nhit rate and tail waste against block size", fontsize=10)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    save(fig, "block_size.png")
 
     cols = min(3, len(runs))
     rows = -(-len(runs) // cols)
@@ -194,9 +228,7 @@ def write_plots(result: BenchResult, directory: str | Path) -> list[Path]:
     axes[0][0].legend(loc="lower right", fontsize=7)
     fig.suptitle(f"{label}: block usage over time")
     fig.tight_layout()
-    paths.append(out / "pool_usage.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    save(fig, "pool_usage.png")
 
     if result.reserved is not None:
         cmp = result.reserved
@@ -205,14 +237,12 @@ def write_plots(result: BenchResult, directory: str | Path) -> list[Path]:
                  (f"paged B={r['block_size']}\nno cache" if r["block_size"] else "reserved") for r in rows]
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
         axes[0].bar(names, [r["concurrency_mean"] for r in rows], color="tab:blue")
-        axes[0].set_ylabel("running requests (mean over steps)")
+        axes[0].set_ylabel("running requests (time-weighted mean)")
         axes[1].bar(names, [r["completed_per_s"] or 0 for r in rows], color="tab:green")
         axes[1].set_ylabel("completed requests/s")
         for ax in axes:
             ax.tick_params(axis="x", labelsize=7, rotation=45)
         fig.suptitle(f"{label}: paged vs reserved-max-length, same trace and memory")
         fig.tight_layout()
-        paths.append(out / "reserved.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
+        save(fig, "reserved.png")
     return paths

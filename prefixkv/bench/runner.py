@@ -24,6 +24,7 @@ notes' measurements plus block usage over time.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import zlib
 from dataclasses import dataclass, field, replace
@@ -66,6 +67,7 @@ class BenchConfig:
     host_pool_bytes: int = 0            # swap space; 0: preemption recomputes
     executor: Literal["cost-model", "engine"] = "cost-model"
     params: CostParams = PROFILES["h200"]
+    threads: int = 1                    # torch CPU threads of the engine executor (pinned while it runs)
     hash_seed: int = 0
     enable_caching: bool = True
     timeline_points: int = 200
@@ -79,6 +81,7 @@ class BenchConfig:
                     max_num_seqs=self.max_num_seqs, max_prefill_chunk=self.max_prefill_chunk,
                     host_pool_bytes=self.host_pool_bytes, executor=self.executor,
                     cost_params=self.params.as_dict() if self.executor == "cost-model" else None,
+                    threads=self.threads if self.executor == "engine" else None,
                     hash_seed=self.hash_seed, enable_caching=self.enable_caching)
 
 
@@ -375,6 +378,23 @@ def compare_reserved_baseline(requests: Sequence, cfg, runs, *, reserve_tokens: 
     return dict(reserved=reserved, paged=paged, paged_no_cache=paged_nocache), raw
 
 
+@contextlib.contextmanager
+def _torch_threads(threads: int | None):
+    """Torch on ``threads`` CPU threads for the block, restored after (None: leave torch alone).
+    The tiny model gains nothing from more threads, and on a busy machine loses a lot to them."""
+    if threads is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_bench(trace: Trace, cfg: BenchConfig, *, trace_label: str | None = None, vocab: int = 32_000,
               compare_reserved: bool = False, reserve_tokens: int | str = "max",
               on_done=None) -> BenchResult:
@@ -390,14 +410,15 @@ def run_bench(trace: Trace, cfg: BenchConfig, *, trace_label: str | None = None,
                 vocab=None if trace.has_tokens else vocab,            # of the synthesised ids
                 empty_prompts_skipped=len(trace.requests) - len(requests))
     runs = []
-    for size in cfg.block_sizes:
-        if cfg.executor == "engine":
-            # torch on CPU is slow the first time it meets each tensor shape (seconds over a
-            # small trace): run once to warm up, discard it, keep the second run
-            run_block_size(requests, size, cfg)
-        runs.append(run_block_size(requests, size, cfg))
-        if on_done:
-            on_done(size)
+    with _torch_threads(cfg.threads if cfg.executor == "engine" else None):
+        for size in cfg.block_sizes:
+            if cfg.executor == "engine":
+                # torch on CPU is slow the first time it meets each tensor shape (seconds over a
+                # small trace): run once to warm up, discard it, keep the second run
+                run_block_size(requests, size, cfg)
+            runs.append(run_block_size(requests, size, cfg))
+            if on_done:
+                on_done(size)
     result = BenchResult(cfg, info, runs)
     if compare_reserved:
         try:

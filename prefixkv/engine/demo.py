@@ -142,6 +142,21 @@ def print_report(result: dict) -> None:
         print(f"end-to-end speed-up with the prefix cache: {result['speedup']:.2f}x")
 
 
+# Host bytes per demo request: its prompt ids take 2.4 KB as a Python list (tracemalloc); the
+# rest leaves room for the outputs and the engine's request and metrics objects.
+BYTES_PER_REQUEST = 16 * 2**10
+
+
+def check_memory(args) -> None:
+    """Refuse sizes whose prompts, requests or KV pool cannot fit in host memory, before building any."""
+    from ..hostmem import MANAGER_BYTES_PER_BLOCK, require
+
+    head_dim = args.hidden_size // args.heads
+    kv_bytes = args.num_blocks * args.block_size * 2 * args.layers * args.kv_heads * head_dim * 4   # float32 K, V
+    require(args.requests * BYTES_PER_REQUEST + kv_bytes + args.num_blocks * MANAGER_BYTES_PER_BLOCK,
+            f"{args.requests:,} requests with a pool of {args.num_blocks:,} blocks")
+
+
 def cmd_generate(args) -> int:
     try:
         import torch  # noqa: F401
@@ -149,6 +164,7 @@ def cmd_generate(args) -> int:
         raise RuntimeError("prefixkv generate needs torch (pip install 'prefixkv[torch]')") from None
     if args.hidden_size % args.heads or args.heads % args.kv_heads:
         raise ValueError("--hidden-size must be a multiple of --heads, and --heads of --kv-heads")
+    check_memory(args)
     result = run_demo(args)
     if args.json:
         print(json.dumps(result))

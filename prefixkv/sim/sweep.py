@@ -3,12 +3,16 @@
 Every cell is one ``replay`` of the same trace file through the real manager.
 Cells run in parallel worker processes; each worker loads a trace once (from
 its file: generated workloads are written to a file before any replay).
+
+An interrupt (Ctrl-C) or a failing cell terminates the workers at once instead of
+waiting for the queued cells; ``SweepInterrupted`` carries the finished cells.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import signal
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Sequence
@@ -36,16 +40,62 @@ def _load_cached(paths: tuple[str, ...], format: str) -> Trace:
     return load_trace(list(paths) if len(paths) > 1 else paths[0], format=format)
 
 
-def auto_capacities(trace: Trace, fractions: Sequence[float] = AUTO_FRACTIONS) -> list[int]:
-    """Capacities as fractions of the trace's distinct blocks (deduplicated, at least 1)."""
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a sweep; ``finished`` holds the cells completed before it, in sweep order."""
+
+    def __init__(self, finished: list[dict], total: int) -> None:
+        super().__init__(f"interrupted after {len(finished)} of {total} cells")
+        self.finished = finished
+        self.total = total
+
+
+def request_blocks(trace: Trace, mode: str = "cache") -> list[int]:
+    """Blocks each request holds while it runs: its prompt (cache mode), plus its output
+    slots (concurrent mode)."""
+    size = trace.block_size
+    with_output = mode == "concurrent"
+    return [-(-(r.input_length + (r.output_length if with_output else 0)) // size) for r in trace.requests]
+
+
+def capacity_bound(trace: Trace, mode: str = "cache") -> int:
+    """A capacity the trace can never fill: above it nothing is evicted and nothing waits, so a
+    larger cache replays identically. Cache mode: every distinct block cached plus the largest
+    request; concurrent mode: every block any request ever holds."""
+    blocks = request_blocks(trace, mode)
+    if mode == "concurrent":
+        return max(1, sum(blocks))
+    return max(1, trace.distinct_blocks(include_partial=True) + max(blocks, default=0))
+
+
+def auto_capacities(trace: Trace, fractions: Sequence[float] = AUTO_FRACTIONS) -> tuple[list[int], str | None]:
+    """Capacities as fractions of the trace's distinct blocks (deduplicated, at least 1), starting
+    where the largest request fits; and a note saying so when that moved the start.
+
+    A capacity below the largest request counts that request as all misses, which measures the
+    trace's request sizes rather than the policies."""
     distinct = trace.distinct_blocks()
-    return sorted({max(1, round(distinct * f)) for f in fractions})
+    largest = max(request_blocks(trace), default=1)
+    low, high = distinct * fractions[0], distinct * fractions[-1]
+    if largest <= low:
+        return sorted({max(1, round(distinct * f)) for f in fractions}), None
+    high = max(high, largest)
+    steps = len(fractions) - 1
+    caps = sorted({round(largest * (high / largest) ** (i / steps)) for i in range(steps + 1)})
+    note = (f"auto capacities start at {largest:,} blocks, the largest request "
+            f"({100 * largest / distinct:.1f}% of the {distinct:,} distinct blocks), so every request fits")
+    return caps, note
 
 
-def _run_cell(source: TraceSource, policy: str, capacity: int, mode: str, warmup: float) -> dict:
+def _run_cell(job: tuple) -> dict:
+    source, policy, capacity, mode, warmup = job
     result = replay(source.load(), policy, capacity, mode=mode, warmup=warmup).as_dict()
     result["trace"] = source.label
     return result
+
+
+def _ignore_sigint() -> None:
+    # Ctrl-C reaches the whole process group; the parent alone decides, and terminates the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: dict[str, list[int]], *,
@@ -63,25 +113,35 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
     if len(set(labels)) < len(labels):
         raise ValueError(f"two traces share the label {next(l for l in labels if labels.count(l) > 1)!r}: "
                          "results are keyed by label")
-    jobs = [(s, p, c) for s in sources for p in policies for c in capacities[s.label]]
+    jobs = [(s, p, c, mode, warmup) for s in sources for p in policies for c in capacities[s.label]]
     # Biggest capacities first: they take longest, and the pool drains evenly.
     jobs.sort(key=lambda j: -j[2])
     workers = workers or min(len(jobs), os.cpu_count() or 1)
+    order = {(s.label, p, c): i for i, (s, p, c, _, _) in
+             enumerate((s, p, c, mode, warmup) for s in sources for p in policies for c in capacities[s.label])}
     results: list[dict] = []
-    if workers <= 1:
-        for s, p, c in jobs:
-            results.append(_run_cell(s, p, c, mode, warmup))
-            if on_done:
-                on_done(results[-1])
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(_run_cell, s, p, c, mode, warmup) for s, p, c in jobs]
-            for future in as_completed(futures):
-                results.append(future.result())
-                if on_done:
-                    on_done(results[-1])
-    order = {(s.label, p, c): i for i, (s, p, c) in
-             enumerate((s, p, c) for s in sources for p in policies for c in capacities[s.label])}
+
+    def finish(result: dict) -> None:
+        results.append(result)
+        if on_done:
+            on_done(result)
+
+    try:
+        if workers <= 1:
+            for job in jobs:
+                finish(_run_cell(job))
+        else:
+            pool = multiprocessing.get_context().Pool(workers, initializer=_ignore_sigint)
+            try:
+                for result in pool.imap_unordered(_run_cell, jobs):
+                    finish(result)
+                pool.close()
+            finally:
+                pool.terminate()      # at once: a failed or interrupted sweep does not wait for queued cells
+                pool.join()
+    except KeyboardInterrupt:
+        results.sort(key=lambda r: order[(r["trace"], r["policy"], r["capacity"])])
+        raise SweepInterrupted(results, len(jobs)) from None
     results.sort(key=lambda r: order[(r["trace"], r["policy"], r["capacity"])])
     return results
 
@@ -107,12 +167,11 @@ def gap_summary(results: Sequence[dict], bound: str = "belady", baseline: str = 
     return out
 
 
-def plot(results: Sequence[dict], path: str, bound: str = "belady") -> None:
-    """Hit rate against capacity, one line per policy, MIN dashed; one panel per trace."""
-    try:
-        import matplotlib
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise RuntimeError("plotting needs matplotlib: pip install 'prefixkv[plot]'") from exc
+def plot(results: Sequence[dict], path, bound: str = "belady") -> None:
+    """Hit rate against capacity, one line per policy, MIN dashed; one panel per trace.
+
+    Writes exactly ``path`` (its suffix picks the format; check it with ``prefixkv.outputs.plot_file``)."""
+    import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

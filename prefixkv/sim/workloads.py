@@ -35,6 +35,7 @@ in a fixed order: the same config writes a byte-identical file.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass, fields, replace
@@ -233,12 +234,21 @@ def generate_trace(path: str | os.PathLike, config: WorkloadConfig = DEFAULT_WOR
                              meta={"generator": "prefixkv.sim.workloads", "config": config.as_dict()})
 
 
+def estimated_bytes(config: WorkloadConfig, sample: int = 200) -> int:
+    """Host memory generating ``config`` takes, extrapolated from its first ``sample`` requests
+    (about 40 B per token: a Python int and its list slot, then its JSON text)."""
+    probe = generate_requests(replace(config, num_requests=min(sample, config.num_requests)))
+    tokens_per_request = sum(r.input_length + r.output_length for r in probe) / max(len(probe), 1)
+    return int(config.num_requests * tokens_per_request * 40)
+
+
 def builtin_trace(name: str = "default", directory: str | os.PathLike | None = None) -> Trace:
     """Generate (once, into ``directory``) and load a built-in workload by name.
 
-    The file is ``<directory>/prefixkv-<name>-<seed>.jsonl``; an existing file
-    is reused only if its header records the same config. ``directory``
-    defaults to the system temporary directory.
+    The file is ``<directory>/prefixkv-<name>-<seed>.jsonl``; an existing file is reused only
+    if its header records the same config and the whole file matches the digest written beside
+    it (``.xxh3``) when it was generated: a cut, edited or corrupt file is regenerated.
+    ``directory`` defaults to the system temporary directory.
     """
     if name not in BUILTIN_WORKLOADS:
         raise KeyError(f"unknown built-in workload {name!r}; choose from {sorted(BUILTIN_WORKLOADS)}")
@@ -247,9 +257,41 @@ def builtin_trace(name: str = "default", directory: str | os.PathLike | None = N
         import tempfile
         directory = tempfile.gettempdir()
     path = Path(directory) / f"prefixkv-{config.name}-{config.seed}.jsonl"
-    if not _header_matches(path, config):
-        generate_trace(path, config)
+    digest_path = path.with_name(path.name + ".xxh3")
+    if not (_header_matches(path, config) and _digest_matches(path, digest_path)):
+        _write_verified(path, digest_path, config)
     return load_token_trace(path)
+
+
+def _file_digest(path: Path) -> str:
+    import xxhash
+
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _digest_matches(path: Path, digest_path: Path) -> bool:
+    try:
+        return digest_path.read_text(encoding="ascii").strip() == _file_digest(path)
+    except (OSError, ValueError):
+        return False
+
+
+def _write_verified(path: Path, digest_path: Path, config: WorkloadConfig) -> None:
+    """Trace first, digest last, each renamed into place whole: an interrupted write leaves at
+    worst a trace without a digest, which the next call regenerates."""
+    from ..outputs import atomic_path
+
+    with contextlib.suppress(OSError):
+        digest_path.unlink()
+    with atomic_path(path) as tmp:
+        generate_trace(tmp, config)
+        digest = _file_digest(tmp)
+    with atomic_path(digest_path) as tmp:
+        tmp.write_text(digest + "\n", encoding="ascii")
 
 
 def _header_matches(path: Path, config: WorkloadConfig) -> bool:
