@@ -1,0 +1,95 @@
+"""Keys of blocks in a remote store, and the groups that share one Cluster slot.
+
+Key of the block at position ``i`` of a chain (``chain[i]`` its chained hash)::
+
+    <prefix>:v<format version>:<fingerprint hex>:{<tag>}:<chain[i] hex>
+
+The fingerprint names everything that makes the bytes compatible, so a model,
+dtype, layout, TP or seed change never reads old values. ``{tag}`` is a Redis
+Cluster hash tag: blocks ``[g*G, (g+1)*G)`` of a chain share the tag of the
+group's first block (the first 16 hex digits of its hash), hence one slot, one
+node, one EXISTS/Lua round trip and one MGET; different prompts (and later
+groups of one prompt) spread over the shards. ``G`` is at most 16 blocks and at
+most about 8 MiB of values. Because a chained hash fixes the whole prefix
+before it, a block's key is the same from every prompt that contains it.
+
+Contract: ``keys`` needs the chain from block 0 up to ``stop`` (the tag of a
+group comes from its first block even when a call starts mid-group).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from .block_codec import FORMAT_VERSION, header_size
+from .fingerprint import Fingerprint
+
+__all__ = ["KeySpace", "group_blocks", "GROUP_MAX_BLOCKS", "GROUP_MAX_BYTES", "DEFAULT_PREFIX"]
+
+GROUP_MAX_BLOCKS = 16
+GROUP_MAX_BYTES = 8 * 2**20
+DEFAULT_PREFIX = "pkv"
+_PREFIX = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_TAG_HEX = 16
+
+
+def group_blocks(value_bytes: int, max_blocks: int = GROUP_MAX_BLOCKS, max_bytes: int = GROUP_MAX_BYTES) -> int:
+    """Blocks per group: at most ``max_blocks`` and at most ``max_bytes`` of values (at least 1)."""
+    if value_bytes <= 0 or max_blocks <= 0:
+        raise ValueError(f"value_bytes and max_blocks must be positive, got {value_bytes}, {max_blocks}")
+    return max(1, min(max_blocks, max_bytes // value_bytes))
+
+
+class KeySpace:
+    """Key names for one fingerprint under one prefix."""
+
+    __slots__ = ("prefix", "fingerprint", "group", "value_bytes", "_base")
+
+    def __init__(self, fingerprint: Fingerprint, prefix: str = DEFAULT_PREFIX,
+                 max_group_blocks: int = GROUP_MAX_BLOCKS) -> None:
+        if not _PREFIX.match(prefix):
+            raise ValueError(f"key prefix must be 1-64 of [A-Za-z0-9_.-] (it goes into SCAN patterns), got {prefix!r}")
+        self.prefix = prefix
+        self.fingerprint = fingerprint
+        # The largest value: header with content (block_size uint32 token ids; extra keys are small)
+        # + payload. A group's budget is reckoned on it so a group never exceeds ~8 MiB.
+        self.value_bytes = header_size(fingerprint, 4 * fingerprint.block_size) + fingerprint.block_bytes
+        self.group = group_blocks(self.value_bytes, max_group_blocks)
+        self._base = f"{prefix}:v{FORMAT_VERSION}:{fingerprint.hex}:".encode()
+
+    def key(self, chain: Sequence[bytes], i: int) -> bytes:
+        leader = chain[i - i % self.group]
+        return b"%s{%s}:%s" % (self._base, leader.hex()[:_TAG_HEX].encode(), chain[i].hex().encode())
+
+    def keys(self, chain: Sequence[bytes], start: int, stop: int) -> list[bytes]:
+        """Keys of blocks ``start .. stop-1``."""
+        base, group = self._base, self.group
+        out = []
+        tag = b""
+        for i in range(start, stop):
+            if i == start or i % group == 0:
+                tag = b"%s{%s}:" % (base, chain[i - i % group].hex()[:_TAG_HEX].encode())
+            out.append(tag + chain[i].hex().encode())
+        return out
+
+    def group_ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """``[a, b)`` ranges covering ``start .. stop-1``, cut at group boundaries."""
+        out = []
+        i = start
+        while i < stop:
+            end = min(stop, i - i % self.group + self.group)
+            out.append((i, end))
+            i = end
+        return out
+
+    @staticmethod
+    def pattern(prefix: str = DEFAULT_PREFIX, fingerprint_hex: str | None = None) -> bytes:
+        """SCAN pattern for every block under ``prefix`` (all versions), or of one fingerprint."""
+        if not _PREFIX.match(prefix):
+            raise ValueError(f"bad key prefix {prefix!r}")
+        if fingerprint_hex is None:
+            return f"{prefix}:v*".encode()
+        if not re.fullmatch(r"[0-9a-f]{32}", fingerprint_hex):
+            raise ValueError(f"a fingerprint is 32 lowercase hex digits, got {fingerprint_hex!r}")
+        return f"{prefix}:v{FORMAT_VERSION}:{fingerprint_hex}:*".encode()

@@ -1,0 +1,294 @@
+"""The network under the Redis block store: URLs, nodes, circuit breakers, cluster routing, round trips.
+
+Why not ``redis.Redis`` / ``redis.RedisCluster`` directly: their defaults retry
+with backoff (a dead server costs seconds per call), a cluster client retries
+and re-discovers the topology inside a call, and a pipeline re-checks its
+scripts every time (an extra round trip). Here every node has two plain
+redis-py ``Connection`` objects (hiredis parser when installed), one for the
+caller's thread and one for the store's background thread, each built with
+``retry=Retry(NoBackoff(), 0)`` (no retries, ``retries_of(conn) == 0``) and
+0.2 s connect and socket timeouts by default. Nothing in this module sleeps or
+loops without a bound.
+
+Circuit breaker, one per node: a connection error or timeout marks the node
+``down``. While it is down a call costs one attribute read for it (no clock,
+no socket); the background thread PINGs it every ``probe_interval_s`` and marks
+it up again on the first answer. A server reply that is an error (OOM, MOVED,
+NOSCRIPT) is not a network failure and opens nothing.
+
+URLs: ``redis://[user:pass@]host:port[/db]``, ``rediss://...``, ``unix:///path.sock[?db=N]``,
+and ``redis+cluster://[user:pass@]host:port[,host:port...]`` (seed nodes of a
+Redis Cluster; the slot map comes from ``CLUSTER SLOTS`` and is refreshed in the
+background after a ``MOVED`` reply or a node's recovery).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+from urllib.parse import unquote, urlparse
+
+import redis
+from redis.backoff import NoBackoff
+from redis.connection import Connection, UnixDomainSocketConnection, parse_url
+from redis.crc import key_slot
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from ..errors import PrefixKVError
+
+__all__ = ["RemoteTierError", "NodeDown", "Node", "Topology", "NETWORK_ERRORS", "retries_of", "roundtrip",
+           "CLUSTER_SCHEME", "HIREDIS"]
+
+CLUSTER_SCHEME = "redis+cluster://"
+NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, socket.timeout, OSError)
+SLOTS = 16384
+HIREDIS = bool(getattr(redis.utils, "HIREDIS_AVAILABLE", False))
+
+
+class RemoteTierError(PrefixKVError):
+    """An operator call (clear, stats) could not reach the store, or the URL is unusable."""
+
+
+class NodeDown(Exception):
+    """Placeholder result for commands not sent because their node's breaker is open."""
+
+
+def retries_of(conn: Connection) -> int:
+    """How many times redis-py would retry a failed command on this connection (ours: 0)."""
+    return conn.retry.get_retries()
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect_s: float = 0.2
+    socket_s: float = 0.2
+
+
+class Node:
+    """One Redis server: a foreground and a background connection and its breaker.
+
+    ``fg`` serves the caller's thread (the store serialises foreground calls),
+    ``bg`` the store's background thread; neither is shared between threads."""
+
+    __slots__ = ("name", "down", "opens", "closes", "fg", "bg", "_kwargs")
+
+    def __init__(self, name: str, kwargs: dict, timeouts: Timeouts) -> None:
+        self.name = name
+        self.down = False        # the breaker: True = open (skip this node until the prober sees it answer)
+        self.opens = 0
+        self.closes = 0
+        self._kwargs = dict(kwargs, socket_timeout=timeouts.socket_s, socket_connect_timeout=timeouts.connect_s,
+                            retry=Retry(NoBackoff(), 0),
+                            socket_read_size=1 << 20)
+        self.fg = self._connection()
+        self.bg = self._connection()
+
+    def _connection(self) -> Connection:
+        kwargs = dict(self._kwargs)
+        cls = kwargs.pop("connection_class", Connection)
+        return cls(**kwargs)
+
+    def trip(self, conn: Connection) -> None:
+        """A network failure: drop the connection (its replies are out of step) and open the breaker."""
+        conn.disconnect()
+        if not self.down:
+            self.down = True
+            self.opens += 1
+
+    def ping(self) -> bool:
+        """Background probe: closes the breaker when the server answers."""
+        try:
+            self.bg.send_command("PING", check_health=False)
+            self.bg.read_response()
+        except NETWORK_ERRORS:
+            self.bg.disconnect()
+            return False
+        except ResponseError:     # e.g. LOADING after a restart: up but not ready
+            return False
+        if self.down:
+            self.down = False
+            self.closes += 1
+        return True
+
+    def close(self) -> None:
+        self.fg.disconnect()
+        self.bg.disconnect()
+
+
+def roundtrip(node: Node, conn: Connection, commands: Sequence[tuple]) -> list:
+    """Send ``commands`` in one write and read every reply: one round trip.
+
+    Returns one entry per command: the reply, or the ``ResponseError`` the
+    server answered. A network failure trips the node's breaker and is raised.
+    """
+    try:
+        conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+        return _read(conn, len(commands))
+    except NETWORK_ERRORS:
+        node.trip(conn)
+        raise
+    except BaseException:
+        conn.disconnect()        # e.g. KeyboardInterrupt mid-read: the stream is out of step
+        raise
+
+
+def _read(conn: Connection, n: int) -> list:
+    out = []
+    for _ in range(n):
+        try:
+            out.append(conn.read_response())
+        except ResponseError as exc:
+            out.append(exc)
+    return out
+
+
+def _node_kwargs(url: str) -> dict:
+    try:
+        kwargs = parse_url(url)
+    except ValueError as exc:
+        raise RemoteTierError(f"unusable remote URL {url!r}: {exc}") from None
+    return kwargs
+
+
+class Topology:
+    """Which node serves a key: one node, or a Redis Cluster slot map."""
+
+    def __init__(self, url: str, timeouts: Timeouts) -> None:
+        self.url = url
+        self.timeouts = timeouts
+        self.cluster = url.startswith(CLUSTER_SCHEME)
+        self.stale = False
+        self._lock = threading.Lock()     # guards slot-map swaps against the background refresher
+        if self.cluster:
+            self._auth, seeds = _parse_cluster_url(url)
+            self.nodes: dict[str, Node] = {}
+            for host, port in seeds:
+                self._node(host, port)
+            self.slots: list[Node | None] = [None] * SLOTS
+            self.stale = not self.refresh()
+        else:
+            kwargs = _node_kwargs(url)
+            name = kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+            if kwargs.get("path"):
+                kwargs.setdefault("connection_class", UnixDomainSocketConnection)
+            self.single = Node(name, kwargs, timeouts)
+            self.nodes = {name: self.single}
+
+    def _node(self, host: str, port: int) -> Node:
+        name = f"{host}:{port}"
+        node = self.nodes.get(name)
+        if node is None:
+            node = Node(name, dict(self._auth, host=host, port=port), self.timeouts)
+            self.nodes[name] = node
+        return node
+
+    def node_for(self, key: bytes) -> Node | None:
+        """The node serving ``key`` (None: its cluster slot has no known owner)."""
+        if not self.cluster:
+            return self.single
+        return self.slots[key_slot(key)]
+
+    def all_down(self) -> bool:
+        """Every known node's breaker is open (the cheap early exit of every call)."""
+        if not self.cluster:
+            return self.single.down
+        return all(node.down for node in self.nodes.values())
+
+    def refresh(self) -> bool:
+        """Reload the slot map from the first node that answers ``CLUSTER SLOTS`` (background thread)."""
+        if not self.cluster:
+            return True
+        for node in list(self.nodes.values()):
+            try:
+                reply = roundtrip(node, node.bg, [("CLUSTER", "SLOTS")])[0]
+            except NETWORK_ERRORS:
+                continue
+            if isinstance(reply, ResponseError):
+                continue
+            slots: list[Node | None] = [None] * SLOTS
+            for entry in reply:
+                start, end, master = int(entry[0]), int(entry[1]), entry[2]
+                host = master[0].decode() if isinstance(master[0], bytes) else str(master[0])
+                owner = self._node(host or node.name.rsplit(":", 1)[0], int(master[1]))
+                for slot in range(start, end + 1):
+                    slots[slot] = owner
+            with self._lock:
+                self.slots = slots
+                self.stale = False
+            return True
+        return False
+
+    def masters(self) -> list[Node]:
+        """Nodes that own slots (cluster) or the one node."""
+        if not self.cluster:
+            return [self.single]
+        seen: dict[str, Node] = {}
+        for node in self.slots:
+            if node is not None:
+                seen.setdefault(node.name, node)
+        return list(seen.values()) or list(self.nodes.values())
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.close()
+
+
+def _parse_cluster_url(url: str) -> tuple[dict, list[tuple[str, int]]]:
+    rest = url[len(CLUSTER_SCHEME):]
+    auth: dict = {}
+    if "@" in rest:
+        cred, rest = rest.rsplit("@", 1)
+        user, _, password = cred.partition(":")
+        if user:
+            auth["username"] = unquote(user)
+        if password:
+            auth["password"] = unquote(password)
+    hosts = rest.split("/", 1)[0]
+    seeds = []
+    for part in hosts.split(","):
+        parsed = urlparse("//" + part)
+        if not parsed.hostname:
+            raise RemoteTierError(f"cluster URL {url!r}: {part!r} is not host:port")
+        seeds.append((parsed.hostname, parsed.port or 6379))
+    if not seeds:
+        raise RemoteTierError(f"cluster URL {url!r} names no node")
+    return auth, seeds
+
+
+def send_all(per_node: Iterable[tuple[Node, list[tuple]]], background: bool = False) -> dict[str, list | Exception]:
+    """One round trip to several nodes at once: write to every node, then read every reply.
+
+    Returns, per node name, the replies or the exception that node raised
+    (``NodeDown`` when its breaker was already open; nothing is sent there).
+    A hung node costs one socket timeout; the others are read all the same.
+    """
+    results: dict[str, list | Exception] = {}
+    sent: list[tuple[Node, Connection, int]] = []
+    for node, commands in per_node:
+        if node.down:
+            results[node.name] = NodeDown(node.name)
+            continue
+        conn = node.bg if background else node.fg
+        try:
+            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+        except NETWORK_ERRORS as exc:
+            node.trip(conn)
+            results[node.name] = exc
+            continue
+        sent.append((node, conn, len(commands)))
+    for node, conn, n in sent:
+        try:
+            results[node.name] = _read(conn, n)
+        except NETWORK_ERRORS as exc:
+            node.trip(conn)
+            results[node.name] = exc
+        except BaseException:
+            for other, other_conn, _ in sent:
+                other_conn.disconnect()
+            raise
+    return results

@@ -1,0 +1,639 @@
+"""A remote block store on Redis or Redis Cluster: what a shared remote tier is made of.
+
+Blocks are identified by their chained hash; a call names a prompt's chain
+(``chain[i]`` = hash of block ``i``, from block 0, as the manager's prompt
+gives them) and a range of it. Values are ``block_codec`` values under
+``redis_keys`` keys, so a value is only ever read by processes with the same
+fingerprint, and verified on every read.
+
+API contract (what a tier adapter can rely on):
+
+* ``probe(chain, start=0) -> int``: how many consecutive blocks from ``start``
+  the server holds right now (one call per prompt). One round trip per wave
+  of groups (the first wave covers ``first_probe_groups`` groups, 64 blocks by
+  default, then waves double), server-side Lua that stops at the first missing
+  key. Never raises for network trouble: an unreachable node counts as 0.
+  A hint: a block can be evicted between ``probe`` and ``fetch``.
+* ``fetch(chain, start, stop, contents=None) -> Fetched``: the verified
+  payloads of the leading blocks ``start..stop-1`` that could be loaded. MGET in
+  batches of about 8 MiB; every value is checked (``block_codec.decode``:
+  checksums, fingerprint, hash against the key's, parent against the chain's,
+  dims, length, and ``contents[j]`` for block ``start+j`` when given). It stops
+  at the first absent, refused or unreachable block: everything it returns is
+  verified and complete before it returns (a synchronous read); a refused value's
+  key is deleted in the background and the reason counted. Payloads are
+  memoryviews into the received values (no copy); ``staging.unpack`` copies them
+  into KV pools.
+* ``put(chain, start, payloads, contents=None) -> int``: queue blocks
+  ``start..start+len(payloads)-1`` for the background writer and return at once
+  (asynchronous writes). The store keeps a reference to each payload until it
+  is sent: pass buffers nobody rewrites (``staging.pack`` returns fresh bytes).
+  The queue is bounded (blocks and bytes): what does not fit is dropped and
+  counted, never waited for. The writer asks the server which blocks it lacks
+  (EXISTS), sends only those (``SET NX`` with a TTL, so a value is immutable
+  once written: a racing writer cannot replace it), drops writes to a node
+  whose breaker is open, and counts everything. ``flush(timeout_s)`` waits for
+  the queue (tests, shutdown).
+* ``reads_synchronous = True``, ``writes_synchronous = False``.
+* ``stats()``: a ``StoreStats`` snapshot; ``capacity_blocks()``, ``server_stats()``
+  and ``clear(fingerprint_hex=None)`` are operator calls: they make round trips
+  and raise ``RemoteTierError`` where a node cannot be reached.
+
+Failure: see ``redis_net`` (0.2 s timeouts, no redis-py retries, a breaker per
+node probed every ``probe_interval_s`` by the background thread). A call while
+every breaker is open returns at once (a miss, or a drop for ``put``). Threads:
+one caller thread at a time for probe/fetch/put (foreground calls are
+serialised by a lock) plus the store's own background thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from redis.exceptions import AskError, MovedError, NoScriptError
+
+from ..hashing import BlockHasher
+from .block_codec import Reject, decode, encode
+from .fingerprint import Fingerprint
+from .redis_keys import DEFAULT_PREFIX, GROUP_MAX_BLOCKS, GROUP_MAX_BYTES, KeySpace
+from .redis_net import (HIREDIS, NETWORK_ERRORS, Node, NodeDown, RemoteTierError, Timeouts, Topology, roundtrip,
+                        send_all)
+
+__all__ = ["RedisBlockStore", "RedisStoreConfig", "StoreStats", "Fetched", "RemoteTierError", "PROBE_LUA"]
+
+# Leading keys present, stopping at the first absent one (all KEYS share one slot).
+PROBE_LUA = ("local n = 0 "
+             "for i = 1, #KEYS do "
+             "if redis.call('EXISTS', KEYS[i]) == 0 then return n end "
+             "n = n + 1 "
+             "end "
+             "return n")
+_PROBE_SHA = hashlib.sha1(PROBE_LUA.encode()).hexdigest()     # EVALSHA's name for it
+
+
+@dataclass(frozen=True, slots=True)
+class RedisStoreConfig:
+    """Knobs of one store. Defaults are the issue's: 0.2 s timeouts, ~8 MiB batches, probe every 2 s."""
+
+    prefix: str = DEFAULT_PREFIX
+    ttl_s: float = 24 * 3600.0
+    connect_timeout_s: float = 0.2
+    socket_timeout_s: float = 0.2
+    probe_interval_s: float = 2.0         # breaker recovery probe (and cluster slot-map refresh) period
+    batch_bytes: int = GROUP_MAX_BYTES    # MGET / write batch size
+    max_group_blocks: int = GROUP_MAX_BLOCKS
+    first_probe_groups: int = 4           # first probe wave: 4 groups of 16 = 64 blocks in one round trip
+    probe_mode: str = "lua"               # "lua" (measured faster) or "exists" (pipelined EXISTS per key)
+    queue_blocks: int = 4096
+    queue_bytes: int = 256 * 2**20
+
+    def __post_init__(self) -> None:
+        if self.probe_mode not in ("lua", "exists"):
+            raise ValueError(f"probe_mode must be 'lua' or 'exists', got {self.probe_mode!r}")
+        for name in ("ttl_s", "connect_timeout_s", "socket_timeout_s", "probe_interval_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("batch_bytes", "max_group_blocks", "first_probe_groups", "queue_blocks", "queue_bytes"):
+            if int(getattr(self, name)) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Counters since the store was built (a snapshot)."""
+
+    probes: int = 0
+    probe_blocks: int = 0             # blocks probes reported present
+    fetches: int = 0
+    blocks_loaded: int = 0            # verified blocks handed out by fetch
+    bytes_loaded: int = 0             # payload bytes of those
+    fetch_misses: int = 0             # fetches that stopped at an absent key (evicted since the probe)
+    rejected: dict = field(default_factory=dict)   # Reject.value -> count: values refused on read
+    bad_keys_deleted: int = 0
+    read_errors: int = 0              # probe/fetch round trips that failed (network or server error)
+    short_circuits: int = 0           # calls answered without the network: breaker open
+    puts: int = 0                     # blocks offered to put()
+    queued: int = 0
+    dropped_full: int = 0             # queue over its bound
+    dropped_duplicate: int = 0        # already queued
+    dropped_down: int = 0             # node unreachable when the writer got to them
+    writes: int = 0                   # values stored (SET NX answered OK)
+    write_bytes: int = 0
+    skipped_present: int = 0          # the server already had them (EXISTS, or a racing SET NX)
+    write_errors: int = 0             # server refused (OOM, MOVED, ...) or encoding failed
+    breaker_opens: int = 0
+    breaker_closes: int = 0
+    nodes_down: int = 0
+    queue_blocks: int = 0
+    queue_bytes: int = 0
+
+
+@dataclass(slots=True)
+class Fetched:
+    """What ``fetch`` loaded: verified payloads of blocks ``start .. start+len(payloads)-1``.
+
+    ``stop`` says why it ended early: None (all requested blocks), ``"miss"``
+    (absent), ``"error"`` (network, server or breaker), or the ``Reject`` of a
+    refused value."""
+
+    payloads: list
+    stop: object = None
+
+    @property
+    def count(self) -> int:
+        return len(self.payloads)
+
+
+class _Pending:
+    __slots__ = ("key", "block_hash", "parent", "payload", "content", "nbytes")
+
+    def __init__(self, key, block_hash, parent, payload, content, nbytes):
+        self.key, self.block_hash, self.parent = key, block_hash, parent
+        self.payload, self.content, self.nbytes = payload, content, nbytes
+
+
+_COUNTERS = [f for f in StoreStats.__dataclass_fields__ if f not in ("rejected", "breaker_opens", "breaker_closes",
+                                                                     "nodes_down", "queue_blocks", "queue_bytes")]
+
+
+class RedisBlockStore:
+    """Blocks of one fingerprint in one Redis deployment (see the module docstring for the contract)."""
+
+    reads_synchronous = True
+    writes_synchronous = False
+
+    def __init__(self, url: str, fingerprint: Fingerprint, config: RedisStoreConfig | None = None) -> None:
+        self.config = config = config or RedisStoreConfig()
+        self.fingerprint = fingerprint
+        self.url = url
+        self.keys = KeySpace(fingerprint, config.prefix, config.max_group_blocks)
+        # Parent of block 0: the hasher's root for this block size, seed and algorithm (all in the fingerprint).
+        self.root = BlockHasher(fingerprint.block_size, fingerprint.hash_seed, fingerprint.hash_algorithm).root
+        self.hiredis = HIREDIS
+        self.topology = Topology(url, Timeouts(config.connect_timeout_s, config.socket_timeout_s))
+        self._ttl_ms = max(1, int(config.ttl_s * 1000))
+        self._batch_keys = max(1, config.batch_bytes // self.keys.value_bytes)
+        self._count = dict.fromkeys(_COUNTERS, 0)
+        self._rejected: dict[str, int] = {}
+        self._fg = threading.Lock()
+        self._cv = threading.Condition()
+        self._queue: deque[_Pending] = deque()
+        self._queued_bytes = 0
+        self._pending_keys: set[bytes] = set()
+        self._deletes: list[bytes] = []
+        self._busy = False
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="prefixkv-redis-writer", daemon=True)
+        self._thread.start()
+
+    # -- reads -----------------------------------------------------------------
+    def probe(self, chain: Sequence[bytes], start: int = 0) -> int:
+        """Leading blocks of ``chain[start:]`` present on the server (0 when unreachable)."""
+        stop = len(chain)
+        if start >= stop:
+            return 0
+        if self.topology.all_down():
+            self._count["short_circuits"] += 1
+            return 0
+        self._count["probes"] += 1
+        ranges = self.keys.group_ranges(start, stop)
+        total, i, wave = 0, 0, self.config.first_probe_groups
+        with self._fg:
+            while i < len(ranges):
+                part = ranges[i:i + wave]
+                counts = self._probe_wave(chain, part)
+                for (a, b), n in zip(part, counts):
+                    total += n
+                    if n < b - a:
+                        self._count["probe_blocks"] += total
+                        return total
+                i += len(part)
+                wave *= 2
+        self._count["probe_blocks"] += total
+        return total
+
+    def _probe_wave(self, chain, ranges) -> list[int]:
+        """Leading present count per group range, in one round trip (0 for unreachable nodes)."""
+        lua = self.config.probe_mode == "lua"
+        per_node: dict[str, tuple[Node, list, list]] = {}
+        slots = []
+        for a, b in ranges:
+            keys = self.keys.keys(chain, a, b)
+            node = self.topology.node_for(keys[0])
+            if node is None:
+                slots.append(None)
+                continue
+            entry = per_node.setdefault(node.name, (node, [], []))
+            slots.append((node.name, len(entry[2]), len(keys)))
+            if lua:
+                entry[1].append(("EVALSHA", _PROBE_SHA, len(keys), *keys))
+                entry[2].append(1)
+            else:
+                entry[1].extend(("EXISTS", k) for k in keys)
+                entry[2].append(len(keys))
+        replies = send_all((node, cmds) for node, cmds, _ in per_node.values())
+        if lua:
+            replies = self._load_script_where_missing(per_node, replies)
+        offsets = {name: _offsets(sizes) for name, (_, _, sizes) in per_node.items()}
+        out = []
+        for slot in slots:
+            if slot is None:
+                out.append(0)
+                continue
+            name, index, nkeys = slot
+            reply = replies[name]
+            if isinstance(reply, Exception):
+                self._count["read_errors"] += not isinstance(reply, NodeDown)
+                out.append(0)
+                continue
+            at = offsets[name][index]
+            if lua:
+                value = reply[at]
+                out.append(value if isinstance(value, int) else self._server_error(value))
+            else:
+                n = 0
+                for value in reply[at:at + nkeys]:
+                    if value != 1:
+                        if not isinstance(value, int):
+                            self._server_error(value)
+                        break
+                    n += 1
+                out.append(n)
+        return out
+
+    def _load_script_where_missing(self, per_node, replies):
+        """NOSCRIPT (a fresh or restarted server): load the script and resend that node's wave once."""
+        for name, (node, cmds, _) in per_node.items():
+            reply = replies[name]
+            if isinstance(reply, list) and any(_is_noscript(r) for r in reply):
+                try:
+                    replies[name] = roundtrip(node, node.fg, [("SCRIPT", "LOAD", PROBE_LUA)] + cmds)[1:]
+                except NETWORK_ERRORS as exc:
+                    replies[name] = exc
+        return replies
+
+    def _server_error(self, reply) -> int:
+        self._count["read_errors"] += 1
+        if isinstance(reply, (MovedError, AskError)):
+            self.topology.stale = True      # the background thread reloads the slot map
+        return 0
+
+    def fetch(self, chain: Sequence[bytes], start: int, stop: int, contents: Sequence[bytes] | None = None) -> Fetched:
+        """Verified payloads of the leading loadable blocks of ``chain[start:stop]`` (see the module docstring)."""
+        stop = min(stop, len(chain))
+        out = Fetched([])
+        if start >= stop:
+            return out
+        if contents is not None and len(contents) < stop - start:
+            raise ValueError(f"contents has {len(contents)} entries for {stop - start} blocks")
+        if self.topology.all_down():
+            self._count["short_circuits"] += 1
+            out.stop = "error"
+            return out
+        self._count["fetches"] += 1
+        ranges = self.keys.group_ranges(start, stop)
+        with self._fg:
+            i = 0
+            while i < len(ranges):
+                batch, n = [], 0          # consecutive groups up to ~batch_bytes of values (at least one)
+                while i < len(ranges) and (not batch or n + ranges[i][1] - ranges[i][0] <= self._batch_keys):
+                    batch.append(ranges[i])
+                    n += ranges[i][1] - ranges[i][0]
+                    i += 1
+                if not self._fetch_batch(chain, start, batch, contents, out):
+                    break
+        self._count["blocks_loaded"] += out.count
+        self._count["bytes_loaded"] += out.count * self.fingerprint.block_bytes
+        return out
+
+    def _fetch_batch(self, chain, start, ranges, contents, out: Fetched) -> bool:
+        """MGET every group of the batch in one round trip, verify in chain order; False stops the fetch."""
+        per_node: dict[str, tuple[Node, list]] = {}
+        plan = []
+        for a, b in ranges:
+            keys = self.keys.keys(chain, a, b)
+            node = self.topology.node_for(keys[0])
+            if node is None:
+                plan.append((a, keys, None, 0))
+                continue
+            entry = per_node.setdefault(node.name, (node, []))
+            plan.append((a, keys, node.name, len(entry[1])))
+            entry[1].append(("MGET", *keys))
+        replies = send_all(per_node.values())
+        fp, root = self.fingerprint, self.root
+        for a, keys, name, index in plan:
+            reply = replies[name] if name is not None else None
+            if reply is None or isinstance(reply, Exception):
+                self._count["read_errors"] += not isinstance(reply, NodeDown)
+                out.stop = "error"
+                return False
+            values = reply[index]
+            if isinstance(values, Exception):
+                self._server_error(values)
+                out.stop = "error"
+                return False
+            for j, value in enumerate(values):
+                i = a + j
+                if value is None:
+                    self._count["fetch_misses"] += 1
+                    out.stop = "miss"
+                    return False
+                result = decode(value, fp, chain[i], chain[i - 1] if i else root,
+                                None if contents is None else contents[i - start])
+                if isinstance(result, Reject):
+                    self._rejected[result.value] = self._rejected.get(result.value, 0) + 1
+                    with self._cv:
+                        self._deletes.append(keys[j])
+                        self._cv.notify()
+                    out.stop = result
+                    return False
+                out.payloads.append(result)
+        return True
+
+    # -- writes ----------------------------------------------------------------
+    def put(self, chain: Sequence[bytes], start: int, payloads: Sequence, contents: Sequence[bytes] | None = None) -> int:
+        """Queue blocks ``start..start+len(payloads)-1`` of ``chain`` for writing; returns how many were queued."""
+        n = len(payloads)
+        if start < 0 or start + n > len(chain):
+            raise ValueError(f"blocks {start}..{start + n - 1} are outside a chain of {len(chain)}")
+        if contents is not None and len(contents) != n:
+            raise ValueError(f"contents has {len(contents)} entries for {n} payloads")
+        size, block_bytes = self.fingerprint.hash_size, self.fingerprint.block_bytes
+        views = []
+        for j, payload in enumerate(payloads):       # check everything first: a bad call queues nothing
+            view = memoryview(payload).cast("B")
+            if view.nbytes != block_bytes:
+                raise ValueError(f"payload {j} is {view.nbytes} bytes; a block is {block_bytes}")
+            if not isinstance(chain[start + j], bytes) or len(chain[start + j]) != size:
+                raise ValueError(f"block hash {start + j} is not {size} bytes ({self.fingerprint.hash_algorithm})")
+            views.append(view)
+        self._count["puts"] += n
+        if n == 0:
+            return 0
+        if self.topology.all_down():
+            self._count["short_circuits"] += 1
+            self._count["dropped_down"] += n
+            return 0
+        keys = self.keys.keys(chain, start, start + n)
+        queued = 0
+        cfg = self.config
+        with self._cv:
+            for j, key in enumerate(keys):
+                if key in self._pending_keys:
+                    self._count["dropped_duplicate"] += 1
+                    continue
+                if len(self._queue) >= cfg.queue_blocks or self._queued_bytes + block_bytes > cfg.queue_bytes:
+                    self._count["dropped_full"] += 1
+                    continue
+                i = start + j
+                self._queue.append(_Pending(key, chain[i], chain[i - 1] if i else self.root, views[j],
+                                            None if contents is None else bytes(contents[j]), block_bytes))
+                self._pending_keys.add(key)
+                self._queued_bytes += block_bytes
+                queued += 1
+            if queued:
+                self._cv.notify()
+        self._count["queued"] += queued
+        return queued
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every queued write and deletion has been sent (or dropped). False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cv:
+            while self._queue or self._deletes or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._cv.wait(left)
+        return True
+
+    # -- background thread -------------------------------------------------------
+    def _run(self) -> None:
+        interval = self.config.probe_interval_s
+        next_probe = time.monotonic() + interval
+        while True:
+            with self._cv:
+                if not (self._queue or self._deletes or self._closing):
+                    self._cv.wait(max(0.0, next_probe - time.monotonic()))
+                if self._closing and not (self._queue or self._deletes):
+                    self._busy = False
+                    self._cv.notify_all()
+                    return
+                batch = self._take_batch()
+                deletes, self._deletes = self._deletes, []
+                self._busy = bool(batch or deletes)
+            try:
+                now = time.monotonic()
+                if now >= next_probe:
+                    self._probe_nodes()
+                    next_probe = now + interval
+                if deletes:
+                    self._delete(deletes)
+                if batch:
+                    self._write(batch)
+            except Exception:       # never let the writer die: count and go on (nothing was half-applied)
+                self._count["write_errors"] += len(batch)
+            finally:
+                with self._cv:
+                    for item in batch:
+                        self._pending_keys.discard(item.key)
+                    self._busy = False
+                    self._cv.notify_all()
+
+    def _take_batch(self) -> list[_Pending]:
+        batch, nbytes = [], 0
+        while self._queue and (not batch or nbytes + self._queue[0].nbytes <= self.config.batch_bytes):
+            item = self._queue.popleft()
+            self._queued_bytes -= item.nbytes
+            nbytes += item.nbytes
+            batch.append(item)
+        return batch
+
+    def _probe_nodes(self) -> None:
+        """Breaker recovery: PING every open node; reload the cluster slot map when needed."""
+        recovered = False
+        for node in list(self.topology.nodes.values()):
+            if node.down:
+                recovered |= node.ping()
+        if self.topology.cluster and (recovered or self.topology.stale):
+            self.topology.refresh()
+
+    def _delete(self, keys: list[bytes]) -> None:
+        per_node: dict[str, tuple[Node, list]] = {}
+        for key in keys:
+            node = self.topology.node_for(key)
+            if node is not None:
+                per_node.setdefault(node.name, (node, []))[1].append(("UNLINK", key))
+        for name, reply in send_all(per_node.values(), background=True).items():
+            if isinstance(reply, list):
+                self._count["bad_keys_deleted"] += sum(1 for r in reply if r == 1)
+
+    def _write(self, batch: list[_Pending]) -> None:
+        """EXISTS for the batch (one round trip), then SET NX PX for the missing ones (one more)."""
+        per_node: dict[str, tuple[Node, list]] = {}
+        for item in batch:
+            node = self.topology.node_for(item.key)
+            if node is None:
+                self._count["dropped_down"] += 1
+                continue
+            per_node.setdefault(node.name, (node, []))[1].append(item)
+        replies = send_all(((node, [("EXISTS", it.key) for it in items]) for node, items in per_node.values()),
+                           background=True)
+        missing: dict[str, tuple[Node, list]] = {}
+        for name, (node, items) in per_node.items():
+            reply = replies[name]
+            if isinstance(reply, Exception):
+                self._count["dropped_down"] += len(items)
+                continue
+            for item, exists in zip(items, reply):
+                if exists == 1:
+                    self._count["skipped_present"] += 1
+                elif exists == 0:
+                    missing.setdefault(name, (node, []))[1].append(item)
+                else:
+                    self._write_error(exists)
+        commands: dict[str, tuple[Node, list, list]] = {}
+        for name, (node, items) in missing.items():
+            for item in items:
+                try:
+                    value = encode(self.fingerprint, item.block_hash, item.parent, item.payload, item.content)
+                except ValueError:
+                    self._count["write_errors"] += 1
+                    continue
+                entry = commands.setdefault(name, (node, [], []))
+                entry[1].append(("SET", item.key, value, "NX", "PX", self._ttl_ms))
+                entry[2].append(len(value))
+        replies = send_all(((node, cmds) for node, cmds, _ in commands.values()), background=True)
+        for name, (node, cmds, sizes) in commands.items():
+            reply = replies[name]
+            if isinstance(reply, Exception):
+                self._count["dropped_down"] += len(cmds)
+                continue
+            for answer, size in zip(reply, sizes):
+                if answer is None:
+                    self._count["skipped_present"] += 1
+                elif isinstance(answer, Exception):
+                    self._write_error(answer)
+                else:
+                    self._count["writes"] += 1
+                    self._count["write_bytes"] += size
+
+    def _write_error(self, reply) -> None:
+        self._count["write_errors"] += 1
+        if isinstance(reply, (MovedError, AskError)):
+            self.topology.stale = True
+
+    # -- stats and operators ---------------------------------------------------------
+    def stats(self) -> StoreStats:
+        nodes = list(self.topology.nodes.values())
+        with self._cv:
+            queue_blocks, queue_bytes = len(self._queue), self._queued_bytes
+        return StoreStats(**self._count, rejected=dict(self._rejected),
+                          breaker_opens=sum(n.opens for n in nodes), breaker_closes=sum(n.closes for n in nodes),
+                          nodes_down=sum(n.down for n in nodes), queue_blocks=queue_blocks, queue_bytes=queue_bytes)
+
+    def _operator(self, commands_for) -> dict[str, list]:
+        """One round trip per master for an operator call; raises where a node cannot be reached."""
+        out = {}
+        with self._fg:
+            for node in self.topology.masters():
+                try:
+                    out[node.name] = roundtrip(node, node.fg, commands_for(node))
+                except NETWORK_ERRORS as exc:
+                    raise RemoteTierError(f"{node.name} unreachable: {exc}") from None
+        return out
+
+    def server_stats(self) -> list[dict]:
+        """Per master node: memory, limit, policy, evictions, keys, hits and misses (INFO + DBSIZE)."""
+        out = []
+        for name, (memory, stats, dbsize) in self._operator(
+                lambda node: [("INFO", "memory"), ("INFO", "stats"), ("DBSIZE",)]).items():
+            for reply in (memory, stats, dbsize):
+                if isinstance(reply, Exception):
+                    raise RemoteTierError(f"{name}: {reply}")
+            info = {**_parse_info(memory), **_parse_info(stats)}
+            out.append({"node": name, "used_memory": int(info.get("used_memory", 0)),
+                        "maxmemory": int(info.get("maxmemory", 0)),
+                        "maxmemory_policy": str(info.get("maxmemory_policy", "")),
+                        "evicted_keys": int(info.get("evicted_keys", 0)), "keys": int(dbsize),
+                        "keyspace_hits": int(info.get("keyspace_hits", 0)),
+                        "keyspace_misses": int(info.get("keyspace_misses", 0))})
+        return out
+
+    def capacity_blocks(self) -> int | None:
+        """Blocks the deployment's ``maxmemory`` holds (None: no limit set on some node)."""
+        stats = self.server_stats()
+        if any(s["maxmemory"] == 0 for s in stats):
+            return None
+        return sum(s["maxmemory"] for s in stats) // self.keys.value_bytes
+
+    def clear(self, fingerprint_hex: str | None = None, *, max_rounds: int = 1_000_000) -> int:
+        """Delete every block under this store's prefix (all fingerprints), or one fingerprint's. Returns keys deleted.
+
+        SCAN + UNLINK on every master; each SCAN step is one round trip. ``max_rounds`` bounds the loop
+        per node (SCAN always terminates; the bound only guards against a server that misbehaves)."""
+        pattern = KeySpace.pattern(self.config.prefix, fingerprint_hex)
+        deleted = 0
+        with self._fg:
+            for node in self.topology.masters():
+                cursor = b"0"
+                for _ in range(max_rounds):
+                    try:
+                        reply = roundtrip(node, node.fg, [("SCAN", cursor, "MATCH", pattern, "COUNT", 1000)])[0]
+                        if isinstance(reply, Exception):
+                            raise RemoteTierError(f"{node.name}: {reply}")
+                        cursor, keys = reply
+                        if keys:
+                            n = roundtrip(node, node.fg, [("UNLINK", *keys)])[0]
+                            deleted += n if isinstance(n, int) else 0
+                    except NETWORK_ERRORS as exc:
+                        raise RemoteTierError(f"{node.name} unreachable: {exc}") from None
+                    if cursor in (b"0", 0, "0"):
+                        break
+        return deleted
+
+    # -- lifetime ---------------------------------------------------------------------
+    def close(self, flush_timeout_s: float = 5.0) -> None:
+        """Send what is queued (up to ``flush_timeout_s``), stop the background thread, disconnect."""
+        self.flush(flush_timeout_s)
+        with self._cv:
+            self._closing = True
+            self._queue.clear()
+            self._deletes.clear()
+            self._cv.notify_all()
+        self._thread.join(timeout=max(1.0, 2 * self.config.socket_timeout_s * 4))
+        self.topology.close()
+
+    def __enter__(self) -> "RedisBlockStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _offsets(sizes: list[int]) -> list[int]:
+    out, at = [], 0
+    for size in sizes:
+        out.append(at)
+        at += size
+    return out
+
+
+def _is_noscript(reply) -> bool:
+    return isinstance(reply, NoScriptError)
+
+
+def _parse_info(reply) -> dict[str, str]:
+    """``INFO`` text (raw bulk reply) as a dict of its ``key:value`` lines."""
+    text = reply.decode() if isinstance(reply, bytes) else str(reply)
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and ":" in line:
+            key, _, value = line.partition(":")
+            out[key] = value
+    return out

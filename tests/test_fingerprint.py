@@ -1,0 +1,103 @@
+"""The compatibility fingerprint of a remote tier: every field that shapes KV bytes changes it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from prefixkv.tiers.fingerprint import Fingerprint, UnpinnedHashSeed, derived_hash_seed, weights_digest
+
+WEIGHTS = weights_digest([("w", np.arange(12, dtype=np.float32))])
+BASE = dict(weights=WEIGHTS, dtype="bfloat16", layers=2, kv_heads=2, head_dim=8, block_size=4, hash_seed=7)
+
+
+def test_two_tiny_models_with_different_seeds_never_share():
+    torch = pytest.importorskip("torch")
+    from prefixkv.engine import TinyLlama, TinyLlamaConfig
+
+    digests = {}
+    for seed in (0, 1):
+        model = TinyLlama(TinyLlamaConfig(seed=seed))
+        digests[seed] = weights_digest(model.state_dict().items())
+    assert digests[0] != digests[1]
+    again = TinyLlama(TinyLlamaConfig(seed=0))
+    assert weights_digest(again.state_dict().items()) == digests[0]       # contents, not object identity
+    fps = {seed: Fingerprint(**{**BASE, "weights": d}) for seed, d in digests.items()}
+    assert fps[0].digest != fps[1].digest
+    # bf16 tensors (no numpy dtype) are read through a byte view
+    bf16 = torch.arange(6, dtype=torch.bfloat16)
+    assert weights_digest([("x", bf16)]) != weights_digest([("x", bf16.float())])
+
+
+def test_weights_digest_sees_names_shapes_and_single_bytes():
+    a = np.zeros(8, dtype=np.float16)
+    b = a.copy()
+    b[3] = 1
+    assert weights_digest([("a", a)]) != weights_digest([("a", b)])
+    assert weights_digest([("a", a)]) != weights_digest([("b", a)])
+    assert weights_digest([("a", a)]) != weights_digest([("a", a.reshape(2, 4))])
+    assert weights_digest([("a", a), ("b", b)]) == weights_digest([("b", b), ("a", a)])   # name order
+    with pytest.raises(ValueError, match="twice"):
+        weights_digest([("a", a), ("a", b)])
+    with pytest.raises(ValueError, match="at least one"):
+        weights_digest([])
+
+
+@pytest.mark.parametrize("field, other", [
+    ("weights", weights_digest([("w", np.arange(12, dtype=np.float32) + 1)])),
+    ("dtype", "float16"), ("layers", 3), ("kv_heads", 1), ("head_dim", 16), ("block_size", 8),
+    ("hash_seed", 8), ("hash_algorithm", "xxh3_64"), ("tp_rank", 1), ("layout", "L2HBD"),
+])
+def test_every_field_changes_the_digest(field, other):
+    base = Fingerprint(**BASE, tp_size=2)
+    changed = Fingerprint(**{**BASE, field: other}, tp_size=2)
+    assert changed.digest != base.digest
+    assert len(base.digest) == 16 and base.hex == base.digest.hex()
+
+
+def test_tp_size_changes_the_digest_and_dtype_aliases_do_not():
+    assert Fingerprint(**BASE).digest != Fingerprint(**BASE, tp_size=2).digest
+    assert Fingerprint(**{**BASE, "dtype": "bf16"}).digest == Fingerprint(**BASE).digest
+    assert Fingerprint(**{**BASE, "dtype": "torch.bfloat16"}).digest == Fingerprint(**BASE).digest
+
+
+def test_a_remote_tier_requires_a_pinned_seed_and_says_so():
+    with pytest.raises(UnpinnedHashSeed, match="hash_seed"):
+        Fingerprint(**{**BASE, "hash_seed": None})
+    with pytest.raises(UnpinnedHashSeed):      # refused before the weights are read
+        Fingerprint.for_model(iter(()), dtype="bf16", layers=1, kv_heads=1, head_dim=8, block_size=4, hash_seed=None)
+    seed = derived_hash_seed(WEIGHTS, dtype="bf16", block_size=4)
+    assert seed == derived_hash_seed(WEIGHTS, dtype="bfloat16", block_size=4)
+    assert seed != derived_hash_seed(WEIGHTS, dtype="bf16", block_size=8)
+    assert Fingerprint(**{**BASE, "hash_seed": seed}).hash_seed == seed
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"layers": 0}, "layers"), ({"tp_rank": 2}, "tp_rank"), ({"dtype": "int4"}, "dtype"),
+    ({"hash_algorithm": "md5"}, "algorithm"), ({"weights": b"x"}, "weights"), ({"layout": ""}, "layout"),
+])
+def test_bad_fields_are_refused(change, match):
+    with pytest.raises(ValueError, match=match):
+        Fingerprint(**{**BASE, **change})
+
+
+def test_sizes():
+    fp = Fingerprint(**BASE)
+    assert fp.block_bytes == 2 * 2 * 4 * 2 * 8 * 2
+    assert fp.hash_size == 16 and Fingerprint(**{**BASE, "hash_algorithm": "xxh3_64"}).hash_size == 8
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fp.layers = 3
+
+
+def test_the_package_and_its_pure_modules_import_neither_redis_nor_torch():
+    code = ("import json, sys, prefixkv, prefixkv.tiers, prefixkv.tiers.fingerprint, prefixkv.tiers.block_codec, "
+            "prefixkv.tiers.redis_keys\n"
+            "print(json.dumps([m for m in ('redis', 'torch') if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
