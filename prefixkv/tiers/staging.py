@@ -1,0 +1,96 @@
+"""Blocks between ``KVStore`` pools and the byte payloads a remote store keeps (torch).
+
+A payload is one block of every layer's K and V, ``[layers, 2, block_size,
+kv_heads, head_dim]`` in the pools' dtype, C order: the layout
+``fingerprint.LAYOUT_L2BHD`` names, i.e. ``KVStore.data[:, :, block]``.
+
+``StagingBuffer`` owns one reusable host buffer of ``capacity`` blocks (pinned
+when the pools are on CUDA, so copies are DMA transfers):
+
+* ``pack(block_ids) -> list[bytes]``: one device->host gather of those blocks,
+  then a fresh ``bytes`` per block (fresh, so ``RedisBlockStore.put`` can keep
+  them while the staging buffer is reused).
+* ``unpack(block_ids, payloads)``: payloads (bytes or memoryviews, e.g. what
+  ``RedisBlockStore.fetch`` returned, already verified) into the staging buffer,
+  then one host->device scatter into those blocks, on the current stream.
+  Everything is checked before anything is written: a wrong size or block id
+  raises and the pools are unchanged.
+
+``fingerprint_for(store, weights, ...)`` builds the fingerprint matching a store's
+pools, so the payload size always equals ``Fingerprint.block_bytes``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..kv.storage import KVStore
+from .fingerprint import LAYOUT_L2BHD, Fingerprint
+
+__all__ = ["StagingBuffer", "fingerprint_for"]
+
+
+def fingerprint_for(store: KVStore, weights: bytes, *, hash_seed: int | None, hash_algorithm: str = "xxh3_128",
+                    tp_rank: int = 0, tp_size: int = 1) -> Fingerprint:
+    """The fingerprint of ``store``'s blocks (dims and dtype from the pools)."""
+    return Fingerprint(weights, str(store.dtype), store.num_layers, store.kv_heads, store.head_dim,
+                       store.block_size, hash_seed, hash_algorithm, tp_rank, tp_size, LAYOUT_L2BHD)
+
+
+class StagingBuffer:
+    """A host buffer of ``capacity`` blocks for moving blocks in and out of ``store``."""
+
+    def __init__(self, store: KVStore, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        self.store = store
+        self.capacity = int(capacity)
+        shape = (store.num_layers, 2, store.block_size, store.kv_heads, store.head_dim)
+        pin = store.device.type == "cuda"
+        with torch.inference_mode(False):
+            self.buffer = torch.empty((self.capacity, *shape), dtype=store.dtype, pin_memory=pin)
+        self.block_bytes = self.buffer[0].numel() * self.buffer.element_size()
+        # [capacity, block_bytes] numpy view sharing the buffer's memory: bytes in and out without copies
+        # through read-only tensors (torch.frombuffer warns on bytes objects)
+        self._host = self.buffer.view(self.capacity, -1).view(torch.uint8).numpy()
+
+    def _ids(self, block_ids: Sequence[int]) -> torch.Tensor:
+        ids = [int(b) for b in block_ids]
+        if len(ids) > self.capacity:
+            raise ValueError(f"{len(ids)} blocks do not fit a staging buffer of {self.capacity}")
+        bad = [b for b in ids if not 0 <= b < self.store.num_blocks]
+        if bad:
+            raise ValueError(f"block ids {bad[:5]} out of range [0, {self.store.num_blocks})")
+        return torch.tensor(ids, dtype=torch.int64, device=self.store.device)
+
+    def pack(self, block_ids: Sequence[int]) -> list[bytes]:
+        """Payloads of ``block_ids`` (device -> staging -> one fresh ``bytes`` each)."""
+        index = self._ids(block_ids)
+        n = index.numel()
+        if n == 0:
+            return []
+        gathered = self.store.data.index_select(2, index).permute(2, 0, 1, 3, 4, 5)   # [n, L, 2, B, H, d]
+        self.buffer[:n].copy_(gathered, non_blocking=True)
+        if self.store.device.type == "cuda":
+            torch.cuda.current_stream(self.store.device).synchronize()   # host reads the buffer next
+        return [self._host[i].tobytes() for i in range(n)]
+
+    def unpack(self, block_ids: Sequence[int], payloads: Sequence) -> None:
+        """Write verified payloads into ``block_ids`` (staging -> device, one scatter)."""
+        index = self._ids(block_ids)
+        n = index.numel()
+        if len(payloads) != n:
+            raise ValueError(f"{len(payloads)} payloads for {n} blocks")
+        views = [memoryview(p).cast("B") for p in payloads]
+        for i, view in enumerate(views):
+            if view.nbytes != self.block_bytes:
+                raise ValueError(f"payload {i} is {view.nbytes} bytes; a block of this store is {self.block_bytes}")
+        if n == 0:
+            return
+        for i, view in enumerate(views):
+            self._host[i] = np.frombuffer(view, dtype=np.uint8)
+        staged = self.buffer[:n].permute(1, 2, 0, 3, 4, 5).to(self.store.device, non_blocking=True)
+        self.store.data.index_copy_(2, index, staged)
