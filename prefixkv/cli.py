@@ -195,7 +195,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         task = bar.add_task("replaying", total=total)
         try:
             results = sweep(sources, policies, capacities, mode=args.mode, warmup=args.warmup,
-                            workers=args.workers, on_done=lambda _: bar.advance(task))
+                            workers=args.workers, backend=args.backend, on_done=lambda _: bar.advance(task))
         except SweepInterrupted as exc:
             results, interrupted = exc.finished, exc
     summary = gap_summary(results)
@@ -373,7 +373,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capacities", type=_capacity_list, default="auto",
                    help="comma-separated block counts, or 'auto' (1-50%% of the distinct blocks)")
     p.add_argument("--plot", metavar="FILE.png", help="write hit rate against capacity")
-    p.add_argument("--workers", type=positive_int, default=None, help="processes (default: CPU count)")
+    p.add_argument("--workers", type=positive_int, default=None,
+                   help="processes (default: CPU count); with --backend ray, the CPUs of a local Ray")
+    p.add_argument("--backend", default="process", choices=["process", "ray"],
+                   help="process: a local process pool (default); ray: a Ray cluster at RAY_ADDRESS, or a "
+                        "local Ray (extra [ray]); each trace goes to the object store once")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("workload", help="write a seeded synthetic workload as a token trace file")

@@ -22,6 +22,10 @@ settings.register_profile("long", max_examples=4_400, stateful_step_count=130, d
 settings.load_profile(os.environ.get("PREFIXKV_HYPOTHESIS_PROFILE", "ci"))
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "ray: needs ray (extra [ray]; skipped with the reason where it is absent)")
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Torch on one thread for a module of small tensors: faster than two, and immune to OpenMP

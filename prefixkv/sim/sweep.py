@@ -4,8 +4,12 @@ Every cell is one ``replay`` of the same trace file through the real manager.
 Cells run in parallel worker processes; each worker loads a trace once (from
 its file: generated workloads are written to a file before any replay).
 
-An interrupt (Ctrl-C) or a failing cell terminates the workers at once instead of
-waiting for the queued cells; ``SweepInterrupted`` carries the finished cells.
+Two backends run the cells: ``process`` (the default: a local process pool) and
+``ray`` (``prefixkv.sim.ray_backend``: a Ray cluster at ``RAY_ADDRESS``, or a local
+Ray; extra ``[ray]``). Both give the same results. An interrupt (Ctrl-C) or a failing
+cell stops the sweep at once instead of waiting for the queued cells;
+``SweepInterrupted`` carries the finished cells, ``SweepCellError`` names the cell
+that failed.
 """
 
 from __future__ import annotations
@@ -17,8 +21,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Sequence
 
+from ..errors import PrefixKVError
 from .replay import replay
 from .traces import Trace, load_trace
+
+BACKENDS = ("process", "ray")
 
 AUTO_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
@@ -86,11 +93,24 @@ def auto_capacities(trace: Trace, fractions: Sequence[float] = AUTO_FRACTIONS) -
     return caps, note
 
 
+class SweepCellError(PrefixKVError):
+    """One cell of a sweep failed; the message names its trace, policy and capacity."""
+
+
+def replay_cell(label: str, trace: Trace, policy: str, capacity: int, mode: str, warmup: float) -> dict:
+    """One cell's result dict, or ``{"error": message}`` naming the cell: an error record travels
+    back from any worker (process or Ray) as plain data."""
+    try:
+        result = replay(trace, policy, capacity, mode=mode, warmup=warmup).as_dict()
+    except Exception as exc:  # noqa: BLE001 - reported with the cell it belongs to
+        return {"error": f"{label}, policy {policy}, capacity {capacity:,}: {type(exc).__name__}: {exc}"}
+    result["trace"] = label
+    return result
+
+
 def _run_cell(job: tuple) -> dict:
     source, policy, capacity, mode, warmup = job
-    result = replay(source.load(), policy, capacity, mode=mode, warmup=warmup).as_dict()
-    result["trace"] = source.label
-    return result
+    return replay_cell(source.label, source.load(), policy, capacity, mode, warmup)
 
 
 def _ignore_sigint() -> None:
@@ -99,12 +119,16 @@ def _ignore_sigint() -> None:
 
 
 def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: dict[str, list[int]], *,
-          mode: str = "cache", warmup: float = 0.0, workers: int | None = None,
+          mode: str = "cache", warmup: float = 0.0, workers: int | None = None, backend: str = "process",
           on_done: Callable[[dict], None] | None = None) -> list[dict]:
     """Replay every (trace, policy, capacity); returns result dicts in a stable order.
 
     ``policies`` are names or specs (``"lrfu:half_life=4"``), not objects: every cell builds its
-    own policy, in a worker process (register your class, see ``prefixkv.policies.register``)."""
+    own policy, in a worker process (register your class, see ``prefixkv.policies.register``;
+    Ray workers do not fork, so plug-ins reach them as entry points). ``workers``: processes of
+    the local pool, or the CPUs of a local Ray (a Ray cluster brings its own)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     bad = [p for p in policies if not isinstance(p, str)]
     if bad:
         raise TypeError(f"sweep takes policy names, not {type(bad[0]).__name__} objects: a policy keeps per-pool "
@@ -116,18 +140,24 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
     jobs = [(s, p, c, mode, warmup) for s in sources for p in policies for c in capacities[s.label]]
     # Biggest capacities first: they take longest, and the pool drains evenly.
     jobs.sort(key=lambda j: -j[2])
-    workers = workers or min(len(jobs), os.cpu_count() or 1)
+    if backend == "process":
+        workers = workers or min(len(jobs), os.cpu_count() or 1)
     order = {(s.label, p, c): i for i, (s, p, c, _, _) in
              enumerate((s, p, c, mode, warmup) for s in sources for p in policies for c in capacities[s.label])}
     results: list[dict] = []
 
     def finish(result: dict) -> None:
+        if "error" in result:
+            raise SweepCellError(result["error"])
         results.append(result)
         if on_done:
             on_done(result)
 
     try:
-        if workers <= 1:
+        if backend == "ray":
+            from .ray_backend import run_cells
+            run_cells(sources, jobs, finish, num_cpus=workers)
+        elif workers <= 1:
             for job in jobs:
                 finish(_run_cell(job))
         else:

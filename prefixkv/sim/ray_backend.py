@@ -1,0 +1,54 @@
+"""Sweep cells on Ray: a cluster at ``RAY_ADDRESS``, or a Ray started here (extra ``[ray]``).
+
+Each trace is loaded once by the driver and put in the object store once; every cell
+of that trace reads it from there, so a cluster's workers need no access to the
+driver's files. Ray is imported only when this backend runs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+
+def _remote_cell(label, trace, policy, capacity, mode, warmup):
+    from .sweep import replay_cell
+
+    return replay_cell(label, trace, policy, capacity, mode, warmup)
+
+
+def run_cells(sources: Sequence, jobs: Sequence[tuple], finish: Callable[[dict], None], *,
+              num_cpus: int | None = None) -> None:
+    """Run ``jobs`` ``(source, policy, capacity, mode, warmup)``, calling ``finish`` with each result
+    as it arrives. On Ctrl-C or an error the pending tasks are cancelled at once; a Ray started
+    here is shut down on success or error, and at interpreter exit after an interrupt (it can take
+    a few seconds, which the user should not wait for before seeing ``interrupted``)."""
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("--backend ray needs ray: pip install 'prefixkv[ray]'") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        address = os.environ.get("RAY_ADDRESS") or None
+        ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
+                 log_to_driver=False, logging_level="ERROR")
+    pending: dict = {}
+    interrupted = False
+    try:
+        cell = ray.remote(num_cpus=1, max_retries=0)(_remote_cell)
+        traces = {s.label: ray.put(s.load()) for s in sources}
+        for source, policy, capacity, mode, warmup in jobs:
+            ref = cell.remote(source.label, traces[source.label], policy, capacity, mode, warmup)
+            pending[ref] = (source.label, policy, capacity)
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            del pending[done[0]]
+            finish(ray.get(done[0]))
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        if started_here and not interrupted:
+            ray.shutdown()
