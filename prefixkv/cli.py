@@ -32,12 +32,20 @@ def _lengths(text: str) -> list[int]:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from .costs import PreemptionCostModel, load_params
+
     spec = KVSpec(args.layers, args.kv_heads, args.head_dim, args.dtype, args.tp)
-    result = plan(spec, args.block_size, args.pool, args.prompt_tokens)
-    if args.json:
-        print(json.dumps(result.as_dict()))
-        return 0
+    result = plan(spec, args.block_size, args.pool, args.prompt_tokens, args.host_pool)
     d = result.as_dict()
+    if args.host_pool:
+        params = load_params(args.cost_params)
+        cost = PreemptionCostModel.from_params(params, spec.bytes_per_token)
+        # one link, both ways: demotion (device -> host) and load (host -> device) take the same time
+        d.update(cost_params=params.name, block_transfer_s=cost.swap_one_way_s(d["bytes_per_block"]),
+                 block_recompute_s=cost.recompute_s(args.block_size))
+    if args.json:
+        print(json.dumps(d))
+        return 0
     tp = f", TP {spec.tensor_parallel} -> {spec.kv_heads_per_gpu} KV head(s) per GPU" if spec.tensor_parallel > 1 else ""
     rows = [
         ("model", f"{spec.layers} layers x {spec.kv_heads} KV heads x {spec.head_dim}, {spec.dtype}{tp}"),
@@ -52,6 +60,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         ("requests that fit", f"{d['max_requests']:,}"),
         ("left over", f"{d['leftover_blocks']:,} blocks + {format_size(d['unallocated_bytes'])} unallocated"),
     ]
+    if args.host_pool:
+        rows += [
+            ("host pool", f"{format_size(args.host_pool)} -> {d['host_blocks']:,} blocks "
+                          f"({d['host_blocks'] * args.block_size:,} tokens)"),
+            ("move one block", f"{1e6 * d['block_transfer_s']:,.1f} us each way (device -> host, host -> device) "
+                               f"against {1e6 * d['block_recompute_s']:,.1f} us to recompute its "
+                               f"{args.block_size} tokens ({d['cost_params']} profile)"),
+        ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:>{width}}  {value}")
@@ -341,6 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=positive_int, default=16)
     p.add_argument("--pool", type=positive_size, default=parse_size("24GiB"), help="KV pool bytes, e.g. 24GiB")
     p.add_argument("--prompt-tokens", type=positive_int, default=4097)
+    p.add_argument("--host-pool", type=size, default=0,
+                   help="host memory for the host tier and swap space, e.g. 64GiB: adds its blocks and the "
+                        "time to move one block each way")
+    p.add_argument("--cost-params", default=None,
+                   help="link bandwidth and prefill rate for --host-pool: a profile (h200, cpu-tiny) or a file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_plan)
 

@@ -110,6 +110,8 @@ class Plan:
     leftover_blocks: int
     unallocated_bytes: int
     tail_waste_slots_per_request: int
+    host_pool_bytes: int = 0
+    host_blocks: int = 0            # blocks of the host tier / swap space in ``host_pool_bytes``
 
     def as_dict(self) -> dict:
         return {
@@ -123,11 +125,13 @@ class Plan:
             "unallocated_bytes": self.unallocated_bytes,
             "tail_waste_slots_per_request": self.tail_waste_slots_per_request,
             "tail_waste_bytes_per_request": self.tail_waste_slots_per_request * self.bytes_per_token,
+            "host_pool_bytes": self.host_pool_bytes, "host_blocks": self.host_blocks,
         }
 
 
-def plan(spec: KVSpec, block_size: int, pool_bytes: int, prompt_tokens: int) -> Plan:
-    """How many requests of ``prompt_tokens`` fit, each in whole blocks, no sharing."""
+def plan(spec: KVSpec, block_size: int, pool_bytes: int, prompt_tokens: int, host_pool_bytes: int = 0) -> Plan:
+    """How many requests of ``prompt_tokens`` fit, each in whole blocks, no sharing; and how many
+    blocks a host pool of ``host_pool_bytes`` holds."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     if prompt_tokens <= 0:
@@ -143,6 +147,7 @@ def plan(spec: KVSpec, block_size: int, pool_bytes: int, prompt_tokens: int) -> 
         leftover_blocks=num_blocks - max_requests * per_request,
         unallocated_bytes=pool_bytes - num_blocks * per_block,
         tail_waste_slots_per_request=per_request * block_size - prompt_tokens,
+        host_pool_bytes=host_pool_bytes, host_blocks=host_pool_bytes // per_block,
     )
 
 

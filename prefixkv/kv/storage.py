@@ -17,6 +17,10 @@ Executing the manager's output:
   step's writes.
 * ``allocate_host(n)``, then ``swap_out(KVCacheManager.swap_out(seq))`` and
   ``swap_in(KVCacheManager.swap_in(seq))``: preemption by swapping.
+* ``transfer(mgr.take_demotions(), mgr.take_loads(), mgr.take_copies())``: the
+  host tier's demotions (device -> host) and loads (host -> device), then the
+  copy-on-write copies, in that order, before the step's writes. The host tier
+  and swap space are one host pool (``allocate_host``).
 
 Stream ordering on CUDA: every operation here is a torch operation issued on
 the *current* CUDA stream, so a ``copy_blocks`` (or ``swap_in``) followed by
@@ -63,6 +67,21 @@ def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
     except KeyError:
         raise ValueError(f"KV storage supports float32, float16 and bfloat16 "
                          f"({', '.join(sorted(TORCH_DTYPES))}), not {dtype!r}") from None
+
+
+def _copy_runs(dst: torch.Tensor, dst_blocks: list[int], src: torch.Tensor, src_blocks: list[int]) -> int:
+    """Copy blocks (dim 2 of ``[layers, 2, blocks, ...]``) between two CPU tensors in one pass:
+    pairs that continue each other (``s + 1 -> d + 1``) become one slice copy. An index_select
+    into a staging tensor and an index_copy_ out of it would move every byte twice."""
+    i, n = 0, len(dst_blocks)
+    while i < n:
+        j = i + 1
+        while j < n and src_blocks[j] == src_blocks[j - 1] + 1 and dst_blocks[j] == dst_blocks[j - 1] + 1:
+            j += 1
+        d, s = dst_blocks[i], src_blocks[i]
+        dst[:, :, d:d + j - i].copy_(src[:, :, s:s + j - i])
+        i = j
+    return n
 
 
 def _resolve_copies(copies: Iterable[tuple[int, int]], *, chained: bool) -> tuple[list[int], list[int]]:
@@ -239,42 +258,76 @@ class KVStore:
     def swap_out(self, copies: Sequence[tuple[int, int]]) -> int:
         """Device -> host for ``(device_block, host_block)`` pairs (``KVCacheManager.swap_out``),
         all layers, K and V. Returns when the host copy is done; returns the blocks copied."""
-        host = self._need_host()
-        src, dst = _resolve_copies(copies, chained=False)
-        if not dst:
-            return 0
-        src_index = self._index(src, "swap-out device block", self.num_blocks, self.device)
-        dst_index = self._index(dst, "swap-out host block", host.shape[2], torch.device("cpu"))
-        staged = self.data.index_select(2, src_index)
-        if staged.device.type != "cpu":
-            pinned = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=True)
-            pinned.copy_(staged)   # synchronous: the host buffer is complete when this returns
-            staged = pinned
-        host.index_copy_(2, dst_index, staged)
-        return len(dst)
+        return self._to_host(copies, "swap-out")
 
     def swap_in(self, copies: Sequence[tuple[int, int]]) -> int:
         """Host -> device for ``(host_block, device_block)`` pairs (``KVCacheManager.swap_in``),
         all layers, K and V; on CUDA queued on the current stream (run it before the
         sequence's next step on that stream). Returns the blocks copied."""
+        return self._to_device(copies, "swap-in")
+
+    def demote(self, demotions: Sequence[tuple[int, int]]) -> int:
+        """Evicted device blocks to the host tier: ``(device_block, host_block)`` pairs from
+        ``KVCacheManager.take_demotions()``. Run before anything can write those device blocks
+        (the step's loads and writes); returns when the host copies are complete."""
+        return self._to_host(demotions, "demotion")
+
+    def load(self, loads: Sequence[tuple[int, int]]) -> int:
+        """Host-tier hits to the device: ``(host_block, device_block)`` pairs from
+        ``KVCacheManager.take_loads()``, after ``demote`` and before the step's copies and writes
+        (queued on the current stream on CUDA, like ``swap_in``)."""
+        return self._to_device(loads, "load")
+
+    def transfer(self, demotions: Sequence[tuple[int, int]], loads: Sequence[tuple[int, int]],
+                 copies: Iterable[tuple[int, int]] = ()) -> None:
+        """A step's block moves in the order they must run: demotions (they read device blocks
+        about to be reused), loads (they write reused blocks), copy-on-write copies."""
+        self.demote(demotions)
+        self.load(loads)
+        self.copy_blocks(copies)
+
+    def _to_host(self, pairs: Sequence[tuple[int, int]], what: str) -> int:
         host = self._need_host()
-        src, dst = _resolve_copies(copies, chained=False)
+        src, dst = _resolve_copies(pairs, chained=False)
         if not dst:
             return 0
-        src_index = self._index(src, "swap-in host block", host.shape[2], torch.device("cpu"))
-        dst_index = self._index(dst, "swap-in device block", self.num_blocks, self.device)
         if self.device.type == "cpu":
-            staged = host.index_select(2, src_index)
-        else:
-            shape = list(host.shape)
-            shape[2] = len(src)
-            pinned = torch.empty(shape, dtype=host.dtype, pin_memory=True)
-            torch.index_select(host, 2, src_index, out=pinned)
-            # non_blocking from pinned memory: the caching allocator keeps ``pinned``
-            # alive until the copy that reads it has run on the stream.
-            staged = pinned.to(self.device, non_blocking=True)
-        self.data.index_copy_(2, dst_index, staged)
+            self._check_range(src, f"{what} device block", self.num_blocks)
+            self._check_range(dst, f"{what} host block", host.shape[2])
+            return _copy_runs(host, dst, self.data, src)
+        src_index = self._index(src, f"{what} device block", self.num_blocks, self.device)
+        dst_index = self._index(dst, f"{what} host block", host.shape[2], torch.device("cpu"))
+        staged = self.data.index_select(2, src_index)
+        pinned = torch.empty(staged.shape, dtype=staged.dtype, pin_memory=True)
+        pinned.copy_(staged)   # synchronous: the host buffer is complete when this returns
+        host.index_copy_(2, dst_index, pinned)
         return len(dst)
+
+    def _to_device(self, pairs: Sequence[tuple[int, int]], what: str) -> int:
+        host = self._need_host()
+        src, dst = _resolve_copies(pairs, chained=False)
+        if not dst:
+            return 0
+        if self.device.type == "cpu":
+            self._check_range(src, f"{what} host block", host.shape[2])
+            self._check_range(dst, f"{what} device block", self.num_blocks)
+            return _copy_runs(self.data, dst, host, src)
+        src_index = self._index(src, f"{what} host block", host.shape[2], torch.device("cpu"))
+        dst_index = self._index(dst, f"{what} device block", self.num_blocks, self.device)
+        shape = list(host.shape)
+        shape[2] = len(src)
+        pinned = torch.empty(shape, dtype=host.dtype, pin_memory=True)
+        torch.index_select(host, 2, src_index, out=pinned)
+        # non_blocking from pinned memory: the caching allocator keeps ``pinned``
+        # alive until the copy that reads it has run on the stream.
+        self.data.index_copy_(2, dst_index, pinned.to(self.device, non_blocking=True))
+        return len(dst)
+
+    @staticmethod
+    def _check_range(blocks: list[int], what: str, limit: int) -> None:
+        low, high = min(blocks), max(blocks)
+        if low < 0 or high >= limit:
+            raise ValueError(f"{what} out of range: values span [{low}, {high}], valid is [0, {limit})")
 
     # -- reads ---------------------------------------------------------------
     def gather(self, layer: int, block_table, length: int) -> tuple[torch.Tensor, torch.Tensor]:
