@@ -262,7 +262,7 @@ def test_writing_four_times_maxmemory_gives_no_errors_only_misses(tmp_path):
             assert info["evicted_keys"] > 0 and info["used_memory"] <= 9 * 2**20
             loaded = 0
             for b in chains:
-                n = store.probe(b.chain)
+                assert store.probe(b.chain) <= 16
                 got = store.fetch(b.chain, 0, 16, b.contents)
                 assert got.count <= 16 and [p.tobytes() for p in got.payloads] == b.payloads[:got.count]
                 loaded += got.count

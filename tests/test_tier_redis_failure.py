@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from redis_fixtures import Blocks, RedisServer, needs_redis, own_redis_server  # noqa: F401 (fixture)
+from redis_fixtures import Blocks, needs_redis, own_redis_server  # noqa: F401 (fixture)
 
 pytestmark = needs_redis
 pytest.importorskip("redis")

@@ -83,8 +83,7 @@ class Node:
         self.opens = 0
         self.closes = 0
         self._kwargs = dict(kwargs, socket_timeout=timeouts.socket_s, socket_connect_timeout=timeouts.connect_s,
-                            retry=Retry(NoBackoff(), 0),
-                            socket_read_size=1 << 20)
+                            retry=Retry(NoBackoff(), 0))
         self.fg = self._connection()
         self.bg = self._connection()
 

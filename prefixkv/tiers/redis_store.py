@@ -50,19 +50,18 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from redis.exceptions import AskError, MovedError, NoScriptError
 
 from ..hashing import BlockHasher
-from .block_codec import Reject, decode, encode
+from .block_codec import Reject, decode
 from .fingerprint import Fingerprint
 from .redis_keys import DEFAULT_PREFIX, GROUP_MAX_BLOCKS, GROUP_MAX_BYTES, KeySpace
 from .redis_net import (HIREDIS, NETWORK_ERRORS, Node, NodeDown, RemoteTierError, Timeouts, Topology, roundtrip,
                         send_all)
+from .redis_writer import BackgroundWriter, Pending
 
 __all__ = ["RedisBlockStore", "RedisStoreConfig", "StoreStats", "Fetched", "RemoteTierError", "PROBE_LUA"]
 
@@ -149,16 +148,9 @@ class Fetched:
         return len(self.payloads)
 
 
-class _Pending:
-    __slots__ = ("key", "block_hash", "parent", "payload", "content", "nbytes")
-
-    def __init__(self, key, block_hash, parent, payload, content, nbytes):
-        self.key, self.block_hash, self.parent = key, block_hash, parent
-        self.payload, self.content, self.nbytes = payload, content, nbytes
-
-
-_COUNTERS = [f for f in StoreStats.__dataclass_fields__ if f not in ("rejected", "breaker_opens", "breaker_closes",
-                                                                     "nodes_down", "queue_blocks", "queue_bytes")]
+# Counters the caller's thread keeps (the writer keeps its own: no counter has two writers).
+_FG_COUNTERS = ("probes", "probe_blocks", "fetches", "blocks_loaded", "bytes_loaded", "fetch_misses", "read_errors",
+                "short_circuits", "puts", "dropped_down")
 
 
 class RedisBlockStore:
@@ -176,20 +168,14 @@ class RedisBlockStore:
         self.root = BlockHasher(fingerprint.block_size, fingerprint.hash_seed, fingerprint.hash_algorithm).root
         self.hiredis = HIREDIS
         self.topology = Topology(url, Timeouts(config.connect_timeout_s, config.socket_timeout_s))
-        self._ttl_ms = max(1, int(config.ttl_s * 1000))
         self._batch_keys = max(1, config.batch_bytes // self.keys.value_bytes)
-        self._count = dict.fromkeys(_COUNTERS, 0)
+        self._count = dict.fromkeys(_FG_COUNTERS, 0)
         self._rejected: dict[str, int] = {}
         self._fg = threading.Lock()
-        self._cv = threading.Condition()
-        self._queue: deque[_Pending] = deque()
-        self._queued_bytes = 0
-        self._pending_keys: set[bytes] = set()
-        self._deletes: list[bytes] = []
-        self._busy = False
-        self._closing = False
-        self._thread = threading.Thread(target=self._run, name="prefixkv-redis-writer", daemon=True)
-        self._thread.start()
+        self.writer = BackgroundWriter(self.topology, fingerprint, ttl_ms=max(1, int(config.ttl_s * 1000)),
+                                       batch_bytes=config.batch_bytes, queue_blocks=config.queue_blocks,
+                                       queue_bytes=config.queue_bytes, probe_interval_s=config.probe_interval_s,
+                                       join_timeout_s=max(1.0, 8 * config.socket_timeout_s))
 
     # -- reads -----------------------------------------------------------------
     def probe(self, chain: Sequence[bytes], start: int = 0) -> int:
@@ -347,9 +333,7 @@ class RedisBlockStore:
                                 None if contents is None else contents[i - start])
                 if isinstance(result, Reject):
                     self._rejected[result.value] = self._rejected.get(result.value, 0) + 1
-                    with self._cv:
-                        self._deletes.append(keys[j])
-                        self._cv.notify()
+                    self.writer.delete(keys[j])     # in the background: the read is not slowed
                     out.stop = result
                     return False
                 out.payloads.append(result)
@@ -380,160 +364,23 @@ class RedisBlockStore:
             self._count["dropped_down"] += n
             return 0
         keys = self.keys.keys(chain, start, start + n)
-        queued = 0
-        cfg = self.config
-        with self._cv:
-            for j, key in enumerate(keys):
-                if key in self._pending_keys:
-                    self._count["dropped_duplicate"] += 1
-                    continue
-                if len(self._queue) >= cfg.queue_blocks or self._queued_bytes + block_bytes > cfg.queue_bytes:
-                    self._count["dropped_full"] += 1
-                    continue
-                i = start + j
-                self._queue.append(_Pending(key, chain[i], chain[i - 1] if i else self.root, views[j],
-                                            None if contents is None else bytes(contents[j]), block_bytes))
-                self._pending_keys.add(key)
-                self._queued_bytes += block_bytes
-                queued += 1
-            if queued:
-                self._cv.notify()
-        self._count["queued"] += queued
-        return queued
+        items = [Pending(key, chain[start + j], chain[start + j - 1] if start + j else self.root, views[j],
+                          None if contents is None else bytes(contents[j]), block_bytes)
+                 for j, key in enumerate(keys)]
+        return self.writer.offer(items)
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every queued write and deletion has been sent (or dropped). False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        with self._cv:
-            while self._queue or self._deletes or self._busy:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._thread.is_alive():
-                    return False
-                self._cv.wait(left)
-        return True
-
-    # -- background thread -------------------------------------------------------
-    def _run(self) -> None:
-        interval = self.config.probe_interval_s
-        next_probe = time.monotonic() + interval
-        while True:
-            with self._cv:
-                if not (self._queue or self._deletes or self._closing):
-                    self._cv.wait(max(0.0, next_probe - time.monotonic()))
-                if self._closing and not (self._queue or self._deletes):
-                    self._busy = False
-                    self._cv.notify_all()
-                    return
-                batch = self._take_batch()
-                deletes, self._deletes = self._deletes, []
-                self._busy = bool(batch or deletes)
-            try:
-                now = time.monotonic()
-                if now >= next_probe:
-                    self._probe_nodes()
-                    next_probe = now + interval
-                if deletes:
-                    self._delete(deletes)
-                if batch:
-                    self._write(batch)
-            except Exception:       # never let the writer die: count and go on (nothing was half-applied)
-                self._count["write_errors"] += len(batch)
-            finally:
-                with self._cv:
-                    for item in batch:
-                        self._pending_keys.discard(item.key)
-                    self._busy = False
-                    self._cv.notify_all()
-
-    def _take_batch(self) -> list[_Pending]:
-        batch, nbytes = [], 0
-        while self._queue and (not batch or nbytes + self._queue[0].nbytes <= self.config.batch_bytes):
-            item = self._queue.popleft()
-            self._queued_bytes -= item.nbytes
-            nbytes += item.nbytes
-            batch.append(item)
-        return batch
-
-    def _probe_nodes(self) -> None:
-        """Breaker recovery: PING every open node; reload the cluster slot map when needed."""
-        recovered = False
-        for node in list(self.topology.nodes.values()):
-            if node.down:
-                recovered |= node.ping()
-        if self.topology.cluster and (recovered or self.topology.stale):
-            self.topology.refresh()
-
-    def _delete(self, keys: list[bytes]) -> None:
-        per_node: dict[str, tuple[Node, list]] = {}
-        for key in keys:
-            node = self.topology.node_for(key)
-            if node is not None:
-                per_node.setdefault(node.name, (node, []))[1].append(("UNLINK", key))
-        for name, reply in send_all(per_node.values(), background=True).items():
-            if isinstance(reply, list):
-                self._count["bad_keys_deleted"] += sum(1 for r in reply if r == 1)
-
-    def _write(self, batch: list[_Pending]) -> None:
-        """EXISTS for the batch (one round trip), then SET NX PX for the missing ones (one more)."""
-        per_node: dict[str, tuple[Node, list]] = {}
-        for item in batch:
-            node = self.topology.node_for(item.key)
-            if node is None:
-                self._count["dropped_down"] += 1
-                continue
-            per_node.setdefault(node.name, (node, []))[1].append(item)
-        replies = send_all(((node, [("EXISTS", it.key) for it in items]) for node, items in per_node.values()),
-                           background=True)
-        missing: dict[str, tuple[Node, list]] = {}
-        for name, (node, items) in per_node.items():
-            reply = replies[name]
-            if isinstance(reply, Exception):
-                self._count["dropped_down"] += len(items)
-                continue
-            for item, exists in zip(items, reply):
-                if exists == 1:
-                    self._count["skipped_present"] += 1
-                elif exists == 0:
-                    missing.setdefault(name, (node, []))[1].append(item)
-                else:
-                    self._write_error(exists)
-        commands: dict[str, tuple[Node, list, list]] = {}
-        for name, (node, items) in missing.items():
-            for item in items:
-                try:
-                    value = encode(self.fingerprint, item.block_hash, item.parent, item.payload, item.content)
-                except ValueError:
-                    self._count["write_errors"] += 1
-                    continue
-                entry = commands.setdefault(name, (node, [], []))
-                entry[1].append(("SET", item.key, value, "NX", "PX", self._ttl_ms))
-                entry[2].append(len(value))
-        replies = send_all(((node, cmds) for node, cmds, _ in commands.values()), background=True)
-        for name, (node, cmds, sizes) in commands.items():
-            reply = replies[name]
-            if isinstance(reply, Exception):
-                self._count["dropped_down"] += len(cmds)
-                continue
-            for answer, size in zip(reply, sizes):
-                if answer is None:
-                    self._count["skipped_present"] += 1
-                elif isinstance(answer, Exception):
-                    self._write_error(answer)
-                else:
-                    self._count["writes"] += 1
-                    self._count["write_bytes"] += size
-
-    def _write_error(self, reply) -> None:
-        self._count["write_errors"] += 1
-        if isinstance(reply, (MovedError, AskError)):
-            self.topology.stale = True
+        return self.writer.flush(timeout_s)
 
     # -- stats and operators ---------------------------------------------------------
     def stats(self) -> StoreStats:
         nodes = list(self.topology.nodes.values())
-        with self._cv:
-            queue_blocks, queue_bytes = len(self._queue), self._queued_bytes
-        return StoreStats(**self._count, rejected=dict(self._rejected),
+        queue_blocks, queue_bytes = self.writer.queue_state()
+        counts = dict(self.writer.counts)
+        for name, value in self._count.items():
+            counts[name] = counts.get(name, 0) + value
+        return StoreStats(**counts, rejected=dict(self._rejected),
                           breaker_opens=sum(n.opens for n in nodes), breaker_closes=sum(n.closes for n in nodes),
                           nodes_down=sum(n.down for n in nodes), queue_blocks=queue_blocks, queue_bytes=queue_bytes)
 
@@ -600,13 +447,8 @@ class RedisBlockStore:
     # -- lifetime ---------------------------------------------------------------------
     def close(self, flush_timeout_s: float = 5.0) -> None:
         """Send what is queued (up to ``flush_timeout_s``), stop the background thread, disconnect."""
-        self.flush(flush_timeout_s)
-        with self._cv:
-            self._closing = True
-            self._queue.clear()
-            self._deletes.clear()
-            self._cv.notify_all()
-        self._thread.join(timeout=max(1.0, 2 * self.config.socket_timeout_s * 4))
+        self.writer.flush(flush_timeout_s)
+        self.writer.close()
         self.topology.close()
 
     def __enter__(self) -> "RedisBlockStore":
