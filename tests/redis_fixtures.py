@@ -30,6 +30,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_cluster_port(tries: int = 200) -> int:
+    """A free port <= 55535 whose cluster bus port (+10000) is free too (redis-server refuses higher)."""
+    import random
+
+    rng = random.Random()
+    for _ in range(tries):
+        port = rng.randrange(20000, 55535)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no free port pair for a cluster node after {tries} tries")
+
+
 def _command(port: int, *args: str, timeout: float = 0.5) -> bytes:
     """One RESP command over a plain socket (no redis-py: the fixture must not depend on the code under test)."""
     payload = f"*{len(args)}\r\n".encode() + b"".join(f"${len(a.encode())}\r\n{a}\r\n".encode() for a in args)
@@ -136,7 +153,7 @@ def redis_cluster(tmp_path_factory):
     nodes = []
     try:
         for i in range(3):
-            port = free_port()
+            port = free_cluster_port()
             nodes.append(RedisServer(base / f"n{i}", port, extra=(
                 "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
                 "--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no")).start())

@@ -190,6 +190,8 @@ def test_put_checks_everything_before_queueing(server):
         with pytest.raises(ValueError, match="not 16 bytes"):
             store.put([h[:8] for h in blocks.chain], 0, blocks.payloads)
         assert store.flush() and store.stats().queued == 0 and store.probe(blocks.chain) == 0
+        with pytest.raises(TypeError, match="must be bytes"):
+            store.probe([1, 2, 3])
 
 
 def test_values_carry_a_ttl_and_are_never_overwritten(server, raw):

@@ -54,6 +54,9 @@ def test_cluster_round_trip_spreads_prompts_over_shards(redis_cluster):
             slots = [key_slot(k) for k in store.keys.keys(b.chain, 0, 16)]
             assert len(set(slots)) == 1
         assert store.stats().read_errors == 0
+        stats = store.server_stats()
+        assert len(stats) == 3 and sum(s["keys"] for s in stats) == 24 * 40
+        assert store.clear(FP.hex) == 24 * 40 and store.probe(CHAINS[0].chain) == 0
 
 
 def test_one_node_killed_blocks_on_the_others_still_hit(redis_cluster):

@@ -59,18 +59,22 @@ class KeySpace:
         self._base = f"{prefix}:v{FORMAT_VERSION}:{fingerprint.hex}:".encode()
 
     def key(self, chain: Sequence[bytes], i: int) -> bytes:
-        leader = chain[i - i % self.group]
-        return b"%s{%s}:%s" % (self._base, leader.hex()[:_TAG_HEX].encode(), chain[i].hex().encode())
+        return self.keys(chain, i, i + 1)[0]
 
     def keys(self, chain: Sequence[bytes], start: int, stop: int) -> list[bytes]:
-        """Keys of blocks ``start .. stop-1``."""
+        """Keys of blocks ``start .. stop-1``. Block hashes must be ``bytes``."""
         base, group = self._base, self.group
         out = []
         tag = b""
-        for i in range(start, stop):
-            if i == start or i % group == 0:
-                tag = b"%s{%s}:" % (base, chain[i - i % group].hex()[:_TAG_HEX].encode())
-            out.append(tag + chain[i].hex().encode())
+        try:
+            for i in range(start, stop):
+                if i == start or i % group == 0:
+                    tag = b"%s{%s}:" % (base, chain[i - i % group].hex()[:_TAG_HEX].encode())
+                out.append(tag + chain[i].hex().encode())
+        except (AttributeError, TypeError):
+            bad = next(h for h in chain[start:stop] if not isinstance(h, bytes))
+            raise TypeError(f"block hashes must be bytes (a token prompt's chained hashes), "
+                            f"got {type(bad).__name__}") from None
         return out
 
     def group_ranges(self, start: int, stop: int) -> list[tuple[int, int]]:

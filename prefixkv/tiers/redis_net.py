@@ -166,6 +166,7 @@ class Topology:
         if self.cluster:
             self._auth, seeds = _parse_cluster_url(url)
             self.nodes: dict[str, Node] = {}
+            self._node_list: tuple[Node, ...] = ()
             for host, port in seeds:
                 self._node(host, port)
             self.slots: list[Node | None] = [None] * SLOTS
@@ -184,6 +185,9 @@ class Topology:
         if node is None:
             node = Node(name, dict(self._auth, host=host, port=port), self.timeouts)
             self.nodes[name] = node
+            # a fresh tuple, swapped in whole: the caller's thread iterates it while the
+            # background refresh may add nodes
+            self._node_list = (*self._node_list, node)
         return node
 
     def node_for(self, key: bytes) -> Node | None:
@@ -196,13 +200,16 @@ class Topology:
         """Every known node's breaker is open (the cheap early exit of every call)."""
         if not self.cluster:
             return self.single.down
-        return all(node.down for node in self.nodes.values())
+        for node in self._node_list:
+            if not node.down:
+                return False
+        return True
 
     def refresh(self) -> bool:
         """Reload the slot map from the first node that answers ``CLUSTER SLOTS`` (background thread)."""
         if not self.cluster:
             return True
-        for node in list(self.nodes.values()):
+        for node in self._node_list:
             try:
                 reply = roundtrip(node, node.bg, [("CLUSTER", "SLOTS")])[0]
             except NETWORK_ERRORS:
@@ -230,7 +237,7 @@ class Topology:
         for node in self.slots:
             if node is not None:
                 seen.setdefault(node.name, node)
-        return list(seen.values()) or list(self.nodes.values())
+        return list(seen.values()) or list(self._node_list)
 
     def close(self) -> None:
         for node in self.nodes.values():

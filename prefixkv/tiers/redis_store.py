@@ -435,9 +435,12 @@ class RedisBlockStore:
                         if isinstance(reply, Exception):
                             raise RemoteTierError(f"{node.name}: {reply}")
                         cursor, keys = reply
-                        if keys:
-                            n = roundtrip(node, node.fg, [("UNLINK", *keys)])[0]
-                            deleted += n if isinstance(n, int) else 0
+                        if keys:      # one UNLINK per key, pipelined: a cluster refuses multi-slot UNLINK
+                            replies = roundtrip(node, node.fg, [("UNLINK", key) for key in keys])
+                            errors = [r for r in replies if isinstance(r, Exception)]
+                            if errors:
+                                raise RemoteTierError(f"{node.name}: {errors[0]}")
+                            deleted += sum(replies)
                     except NETWORK_ERRORS as exc:
                         raise RemoteTierError(f"{node.name} unreachable: {exc}") from None
                     if cursor in (b"0", 0, "0"):
