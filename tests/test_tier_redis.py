@@ -230,6 +230,10 @@ def test_redis_py_retries_are_off_and_timeouts_are_short(server):
             assert retries_of(conn) == 0
             assert conn.socket_timeout == 0.2 and conn.socket_connect_timeout == 0.2
         assert store.hiredis, "hiredis is part of the [redis] extra"
+        # what redis-py does by default, which the store turns off: retries with backoff
+        default = redis.Redis(host="127.0.0.1", port=server.port)
+        assert default.get_retry().get_retries() >= 1
+        default.close()
         assert store.reads_synchronous and not store.writes_synchronous
 
 
