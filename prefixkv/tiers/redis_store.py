@@ -41,7 +41,11 @@ API contract (what a tier adapter can rely on):
 
 Failure: see ``redis_net`` (0.2 s timeouts, no redis-py retries, a breaker per
 node probed every ``probe_interval_s`` by the background thread). A call while
-every breaker is open returns at once (a miss, or a drop for ``put``). Threads:
+every breaker is open returns at once (a miss, or a drop for ``put``); a call
+that meets a hung node costs one socket timeout and opens that node's breaker.
+Building a store makes no round trip, except for a cluster URL (it reads the
+slot map, each seed bounded by the timeouts; unreachable seeds leave the
+breakers open until the background probe finds one). Threads:
 one caller thread at a time for probe/fetch/put (foreground calls are
 serialised by a lock) plus the store's own background thread.
 """
