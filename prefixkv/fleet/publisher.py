@@ -1,0 +1,192 @@
+"""A worker's KV events on ZMQ in vLLM's wire format, a replay socket, and heartbeats (extra ``[fleet]``).
+
+``KVEventPublisher`` binds three sockets:
+
+* events (PUB): ``(topic, seq as 8 bytes big-endian, msgpack KVEventBatch)``, exactly as
+  vLLM's ``ZmqEventPublisher`` sends them, so llm-d's indexer or Dynamo can subscribe;
+* replay (ROUTER): an 8-byte start sequence gets every buffered batch from there, then
+  the end marker (sequence -1), as vLLM answers; prefixkv's extra request
+  ``SNAPSHOT_REQUEST`` gets one batch ``[AllBlocksCleared, BlockStored...]`` rebuilding
+  everything the worker holds, whose sequence field is the next sequence number (the
+  state reflects every batch before it), then the end marker;
+* heartbeats (PUB, topic ``prefixkv-heartbeat``): worker id, incarnation, fingerprint,
+  free blocks, queued prefill tokens, running requests and the next sequence number,
+  every ``heartbeat_interval_s``.
+
+Every socket is owned by one background thread (ZMQ sockets are not thread-safe);
+``publish`` hands batches to it through an in-process socket, so the caller never blocks
+on the network.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import deque
+from typing import Iterable, Mapping, Sequence
+
+import zmq
+
+from . import wire
+
+class KVEventPublisher:
+    def __init__(self, worker_id: str, *, block_size: int, endpoint: str = "tcp://127.0.0.1:0",
+                 replay_endpoint: str = "tcp://127.0.0.1:0", heartbeat_endpoint: str = "tcp://127.0.0.1:0",
+                 topic: str = "", fingerprint: str = "", hash_seed: int | None = None,
+                 heartbeat_interval_s: float = 0.5, buffer_steps: int = 10_000, data_parallel_rank: int = 0) -> None:
+        if not heartbeat_interval_s > 0:
+            raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s}")
+        self.worker_id = worker_id
+        self.block_size = block_size
+        self.topic = topic.encode("utf-8")
+        self.fingerprint = fingerprint
+        self.hash_seed = hash_seed
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.incarnation = uuid.uuid4().hex     # new on every start: routers forget what the last one held
+        self.data_parallel_rank = data_parallel_rank
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._held: dict[tuple[str | None, object], object] = {}   # (medium, hash) -> parent: for snapshots
+        self._next_seq = 0
+        self._load = (0, 0, 0)
+        self._ctx = zmq.Context()
+        self._inbox = f"inproc://prefixkv-publisher-{uuid.uuid4().hex}"
+        self._push_lock = threading.Lock()
+        self._ready = threading.Event()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self.endpoints: dict[str, str] = {}
+        self._thread = threading.Thread(target=self._run, args=(endpoint, replay_endpoint, heartbeat_endpoint),
+                                        daemon=True, name=f"kv-events-{worker_id}")
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error is not None:
+            raise self._error
+        self._push = self._ctx.socket(zmq.PUSH)
+        self._push.connect(self._inbox)
+
+    # -- caller side ------------------------------------------------------------
+    def publish(self, events: Iterable, *, medium: str = wire.MEDIUM_GPU,
+                tokens: Mapping[object, Sequence[int]] | None = None, drop: bool = False) -> None:
+        """Publish prefixkv core events as one batch (nothing is sent for no events).
+
+        ``drop=True`` is fault injection for tests and drills: the batch takes its sequence
+        number and enters the replay buffer but never reaches the wire, as if lost.
+        """
+        converted = wire.to_wire(events, block_size=self.block_size, medium=medium, tokens=tokens)
+        if converted:
+            with self._push_lock:
+                self._push.send_pyobj(("batch", converted, drop))
+
+    def publish_from(self, manager, *, prompts: Sequence = (), drop: bool = False) -> None:
+        """Drain ``manager``'s events (``record_events=True``) and publish them; the token ids
+        of blocks from ``prompts`` (token prompts admitted since the last call) go along."""
+        tokens: dict = {}
+        for prompt in prompts:
+            tokens.update(wire.block_tokens(prompt))
+        self.publish(manager.drain_events(), tokens=tokens or None, drop=drop)
+
+    def set_load(self, *, free_blocks: int, queued_prefill_tokens: int = 0, running_requests: int = 0) -> None:
+        self._load = (free_blocks, queued_prefill_tokens, running_requests)   # one assignment: read whole
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._push_lock:
+            self._push.send_pyobj(("stop", None, False))
+        self._thread.join(10)
+        self._push.close(0)
+        self._ctx.term()
+
+    def __enter__(self) -> "KVEventPublisher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the socket thread ------------------------------------------------------
+    def _run(self, endpoint: str, replay_endpoint: str, heartbeat_endpoint: str) -> None:
+        try:
+            pub, replay, beat, inbox = (self._ctx.socket(kind) for kind in (zmq.PUB, zmq.ROUTER, zmq.PUB, zmq.PULL))
+            replay.setsockopt(zmq.SNDHWM, 2 * (self._buffer.maxlen + 1))   # a full replay plus its marker
+            for name, sock, where in (("events", pub, endpoint), ("replay", replay, replay_endpoint),
+                                      ("heartbeat", beat, heartbeat_endpoint)):
+                sock.bind(where)
+                self.endpoints[name] = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            inbox.bind(self._inbox)
+        except BaseException as exc:   # reported to the constructor's caller
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        poller = zmq.Poller()
+        poller.register(replay, zmq.POLLIN)
+        poller.register(inbox, zmq.POLLIN)
+        next_beat = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= next_beat:
+                    beat.send_multipart([wire.HEARTBEAT_TOPIC, wire.encode(self._heartbeat())])
+                    next_beat = now + self.heartbeat_interval_s
+                ready = dict(poller.poll(max(1, int(1000 * (next_beat - time.monotonic())))))
+                if inbox in ready:
+                    kind, events, drop = inbox.recv_pyobj()
+                    if kind == "stop":
+                        return
+                    self._send_batch(pub, events, drop)
+                if replay in ready:
+                    self._serve_replay(replay)
+        finally:
+            for sock in (pub, replay, beat, inbox):
+                sock.close(0)
+
+    def _send_batch(self, pub, events: list, drop: bool) -> None:
+        seq = self._next_seq
+        payload = wire.encode(wire.KVEventBatch(ts=time.time(), events=events,
+                                                data_parallel_rank=self.data_parallel_rank))
+        if not drop:
+            pub.send_multipart([self.topic, wire.seq_bytes(seq), payload])
+        self._buffer.append((seq, payload))
+        self._next_seq = seq + 1
+        self._mirror(events)
+
+    def _mirror(self, events: list) -> None:
+        held = self._held
+        for e in events:
+            if isinstance(e, wire.BlockStored):
+                parent = e.parent_block_hash
+                for h in e.block_hashes:
+                    held[(e.medium, h)] = parent
+                    parent = h
+            elif isinstance(e, wire.BlockRemoved):
+                for h in e.block_hashes:
+                    held.pop((e.medium, h), None)
+            else:
+                held.clear()
+
+    def _serve_replay(self, replay) -> None:
+        frames = replay.recv_multipart()
+        if len(frames) != 3:
+            return   # not a request of vLLM's shape: ignored, as vLLM does
+        client, _, request = frames
+        if request == wire.SNAPSHOT_REQUEST:
+            events: list = [wire.AllBlocksCleared()]
+            events += [wire.BlockStored(block_hashes=[h], parent_block_hash=parent, token_ids=[],
+                                        block_size=self.block_size, lora_id=None, medium=medium, lora_name=None)
+                       for (medium, h), parent in self._held.items()]
+            payload = wire.encode(wire.KVEventBatch(ts=time.time(), events=events,
+                                                    data_parallel_rank=self.data_parallel_rank))
+            replay.send_multipart([client, b"", self.topic, wire.seq_bytes(self._next_seq), payload])
+        elif len(request) == 8:
+            start = int.from_bytes(request, "big")
+            for seq, payload in self._buffer:
+                if seq >= start:
+                    replay.send_multipart([client, b"", self.topic, wire.seq_bytes(seq), payload])
+        replay.send_multipart([client, b"", b"", wire.END_SEQ, b""])
+
+    def _heartbeat(self) -> wire.Heartbeat:
+        free, queued, running = self._load
+        return wire.Heartbeat(worker_id=self.worker_id, incarnation=self.incarnation, fingerprint=self.fingerprint,
+                              block_size=self.block_size, hash_seed=self.hash_seed, free_blocks=free,
+                              queued_prefill_tokens=queued, running_requests=running, next_seq=self._next_seq,
+                              interval_s=self.heartbeat_interval_s, ts=time.time())

@@ -1,0 +1,307 @@
+"""The router's side of the wire: workers' event streams into a KVIndex (extra ``[fleet]``).
+
+Per worker, ``FleetSubscriber`` holds a SUB socket on its events, a SUB socket on its
+heartbeats and a DEALER socket on its replay socket, and keeps the stream whole:
+
+* batches apply in sequence order; a gap (a batch ahead of the next expected one, or a
+  heartbeat announcing batches not seen) buffers what came early and asks the replay
+  socket for the missing ones; when the replay falls short (the worker's buffer no
+  longer holds them), it asks for a snapshot; a worker that cannot give one (vLLM) is
+  forgotten and followed from where its stream is now;
+* a new incarnation in a heartbeat, or a live sequence number going back (the worker
+  restarted), drops the worker's entries and reads its stream again from the start;
+* a worker silent for ``MISSED_HEARTBEATS`` heartbeat intervals is removed: no router
+  picks it until it beats again.
+
+``FleetRouter`` puts it together: ``poll()`` to take in what arrived, ``pick(tokens)`` to
+route (hashing the prompt as the workers do, with the fleet's pinned seed).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Sequence
+
+import zmq
+
+from ..hashing import NO_EXTRA_KEYS, BlockHasher, ExtraKeys, encode_tokens
+from ..prompt import Prompt
+from . import wire
+from .index import KVIndex
+from .router import Decision, RouterConfig, WorkerLoad, make_router
+
+MISSED_HEARTBEATS = 3
+MAX_PENDING = 10_000      # early batches kept while a gap is repaired; beyond: snapshot
+
+
+@dataclass
+class _Link:
+    worker_id: str
+    events: zmq.Socket
+    heartbeats: zmq.Socket
+    replay: zmq.Socket
+    expected: int = 0                       # next sequence number to apply
+    live_high: int | None = None            # highest sequence seen on the live socket (this incarnation)
+    pending: dict = field(default_factory=dict)   # seq -> batch that came early
+    asking: str | None = None               # "replay" / "snapshot" while a request is out
+    incarnation: str | None = None
+    heartbeat: wire.Heartbeat | None = None
+    last_seen: float | None = None
+    gap_since: float | None = None          # when the current gap was noticed
+    repairs: list = field(default_factory=list)   # seconds each repaired gap took
+
+
+class FleetSubscriber:
+    def __init__(self, index: KVIndex, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.index = index
+        self.clock = clock
+        self._ctx = zmq.Context()
+        self._poller = zmq.Poller()
+        self._links: dict[str, _Link] = {}
+        self._by_socket: dict[zmq.Socket, tuple[_Link, str]] = {}
+
+    # -- connections ---------------------------------------------------------------
+    def connect(self, worker_id: str, endpoints: dict[str, str]) -> None:
+        """Follow a worker: ``endpoints`` has ``events``, ``replay`` and ``heartbeat`` addresses."""
+        if worker_id in self._links:
+            raise ValueError(f"worker {worker_id!r} is already connected")
+        events = self._ctx.socket(zmq.SUB)
+        events.setsockopt(zmq.SUBSCRIBE, b"")
+        events.connect(endpoints["events"])
+        beats = self._ctx.socket(zmq.SUB)
+        beats.setsockopt(zmq.SUBSCRIBE, wire.HEARTBEAT_TOPIC)
+        beats.connect(endpoints["heartbeat"])
+        replay = self._ctx.socket(zmq.DEALER)
+        replay.setsockopt(zmq.LINGER, 0)
+        replay.connect(endpoints["replay"])
+        link = _Link(worker_id, events, beats, replay)
+        self._links[worker_id] = link
+        for sock, kind in ((events, "events"), (beats, "heartbeat"), (replay, "replay")):
+            self._poller.register(sock, zmq.POLLIN)
+            self._by_socket[sock] = (link, kind)
+
+    def close(self) -> None:
+        for sock in self._by_socket:
+            sock.close(0)
+        self._ctx.term()
+
+    # -- the loop -------------------------------------------------------------------
+    def poll(self, timeout_s: float = 0.0) -> int:
+        """Handle what arrived (waiting up to ``timeout_s`` for the first message); returns messages handled."""
+        handled = 0
+        ready = dict(self._poller.poll(int(timeout_s * 1000)))
+        while ready:
+            for sock in ready:
+                link, kind = self._by_socket[sock]
+                frames = sock.recv_multipart()
+                handled += 1
+                if kind == "events":
+                    self._on_live(link, frames)
+                elif kind == "heartbeat":
+                    self._on_heartbeat(link, frames)
+                else:
+                    self._on_replay(link, frames)
+            ready = dict(self._poller.poll(0))
+        self.expire()
+        return handled
+
+    def live_workers(self) -> list[_Link]:
+        now = self.clock()
+        return [link for link in self._links.values() if link.heartbeat is not None and link.last_seen is not None
+                and now - link.last_seen <= MISSED_HEARTBEATS * link.heartbeat.interval_s]
+
+    def expire(self) -> list[str]:
+        """Remove workers silent for ``MISSED_HEARTBEATS`` intervals from the index; returns their ids."""
+        now = self.clock()
+        gone = []
+        for link in self._links.values():
+            hb = link.heartbeat
+            if hb is not None and now - link.last_seen > MISSED_HEARTBEATS * hb.interval_s:
+                gone.append(link.worker_id)
+                link.heartbeat = None
+                link.incarnation = None
+                if link.worker_id in self.index:
+                    self.index.remove_worker(link.worker_id)
+                self._restart_stream(link, ask=False)
+        return gone
+
+    def link(self, worker_id: str) -> _Link:
+        return self._links[worker_id]
+
+    # -- messages -------------------------------------------------------------------
+    def _on_heartbeat(self, link: _Link, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            return
+        hb = wire.decode_heartbeat(frames[1])
+        self.index.add_worker(link.worker_id)
+        if link.incarnation is not None and hb.incarnation != link.incarnation:
+            self._resync(link)            # a restarted worker starts empty
+        link.incarnation = hb.incarnation
+        link.heartbeat = hb
+        link.last_seen = self.clock()
+        if hb.next_seq > link.expected and link.asking is None:
+            self._ask_replay(link)        # batches we never saw, the last one included
+
+    def _on_live(self, link: _Link, frames: list[bytes]) -> None:
+        if len(frames) != 3:
+            return
+        seq = wire.seq_from(frames[1])
+        if link.live_high is not None and seq <= link.live_high:
+            self._resync(link)            # one incarnation's live stream only goes up: it restarted
+            link.incarnation = None       # whatever the next heartbeat says is the new one
+        link.live_high = seq
+        self._offer(link, seq, wire.decode_batch(frames[2]))
+
+    def _on_replay(self, link: _Link, frames: list[bytes]) -> None:
+        if len(frames) != 4:
+            return
+        _, _, seq_frame, payload = frames
+        asked = link.asking
+        if seq_frame == wire.END_SEQ:
+            link.asking = None
+            if asked == "snapshot" and link.expected < self._target(link):
+                # No snapshot from this worker (a vLLM publisher): start over from where it is now.
+                self.index.cleared(link.worker_id)
+                link.expected = min(link.pending, default=self._target(link))
+                self._drain(link)
+            elif link.expected < self._target(link):
+                self._ask(link, "snapshot", wire.SNAPSHOT_REQUEST)   # the replay fell short
+            return
+        seq = wire.seq_from(seq_frame)
+        batch = wire.decode_batch(payload)
+        if asked == "snapshot":
+            self.index.cleared(link.worker_id)
+            self._apply(link, batch)
+            link.expected = seq
+            for old in [s for s in link.pending if s < seq]:
+                del link.pending[old]
+            self._drain(link)
+        else:
+            self._offer(link, seq, batch)
+
+    # -- the stream ---------------------------------------------------------------
+    def _target(self, link: _Link) -> int:
+        """The sequence number we must reach: past every batch seen early or announced."""
+        early = max(link.pending, default=-1) + 1
+        announced = link.heartbeat.next_seq if link.heartbeat is not None else 0
+        return max(early, announced)
+
+    def _offer(self, link: _Link, seq: int, batch) -> None:
+        if seq < link.expected:
+            return                        # a replayed duplicate
+        if seq > link.expected:
+            link.pending[seq] = batch
+            if link.gap_since is None:
+                link.gap_since = self.clock()
+            if len(link.pending) > MAX_PENDING:
+                link.pending.clear()
+                self._ask(link, "snapshot", wire.SNAPSHOT_REQUEST)
+            elif link.asking is None:
+                self._ask_replay(link)
+            return
+        self._apply(link, batch)
+        link.expected = seq + 1
+        self._drain(link)
+
+    def _drain(self, link: _Link) -> None:
+        while link.expected in link.pending:
+            self._apply(link, link.pending.pop(link.expected))
+            link.expected += 1
+        if not link.pending and link.gap_since is not None and link.expected >= self._target(link):
+            link.repairs.append(self.clock() - link.gap_since)
+            link.gap_since = None
+
+    def _apply(self, link: _Link, batch) -> None:
+        index, worker = self.index, link.worker_id
+        index.add_worker(worker)
+        for e in batch.events:
+            if isinstance(e, wire.BlockStored):
+                index.stored(worker, e.block_hashes, e.medium)
+            elif isinstance(e, wire.BlockRemoved):
+                index.removed(worker, e.block_hashes, e.medium)
+            else:
+                index.cleared(worker)
+
+    def _ask_replay(self, link: _Link) -> None:
+        if link.gap_since is None:
+            link.gap_since = self.clock()
+        self._ask(link, "replay", wire.seq_bytes(link.expected))
+
+    def _ask(self, link: _Link, what: str, request: bytes) -> None:
+        link.asking = what
+        link.replay.send_multipart([b"", request])
+
+    def _resync(self, link: _Link) -> None:
+        if link.worker_id in self.index:
+            self.index.cleared(link.worker_id)
+        self._restart_stream(link, ask=True)
+
+    def _restart_stream(self, link: _Link, ask: bool) -> None:
+        link.expected = 0
+        link.pending.clear()
+        link.live_high = None
+        link.gap_since = None
+        if ask:
+            self._ask_replay(link)
+
+
+class FleetRouter:
+    """Workers' events -> KVIndex -> a router: ``connect``, ``poll``, ``pick``."""
+
+    def __init__(self, router: str = "kv-aware+guard", *, block_size: int, hash_seed: int,
+                 fingerprint: str = "", hash_algorithm: str = "xxh3_128", predict_ttl_s: float = 30.0,
+                 on_decision: Callable[[Decision], None] | None = None, **router_options) -> None:
+        self.index = KVIndex(predict_ttl=predict_ttl_s)
+        self.subscriber = FleetSubscriber(self.index)
+        self.router = make_router(router, self.index, RouterConfig(block_size=block_size, fingerprint=fingerprint,
+                                                                   **router_options))
+        self.hasher = BlockHasher(block_size, seed=hash_seed, algorithm=hash_algorithm)
+        self.on_decision = on_decision
+        self._dispatched: dict[str, tuple[str, int]] = {}   # worker -> (incarnation, tokens sent since its heartbeat)
+
+    def connect(self, worker_id: str, endpoints: dict[str, str]) -> None:
+        self.subscriber.connect(worker_id, endpoints)
+
+    def poll(self, timeout_s: float = 0.0) -> int:
+        return self.subscriber.poll(timeout_s)
+
+    def hashes(self, tokens: Sequence[int], *, salt=None, adapter=None) -> list[Hashable]:
+        extra = NO_EXTRA_KEYS if salt is None and adapter is None else ExtraKeys(salt=salt, adapter=adapter)
+        ids = encode_tokens(tokens)
+        return Prompt(self.hasher, ids, len(ids), extra).block_hashes()
+
+    def workers(self) -> list[WorkerLoad]:
+        out = []
+        for link in self.subscriber.live_workers():
+            hb = link.heartbeat
+            since = self._dispatched.get(link.worker_id)
+            extra = since[1] if since and since[0] == (hb.incarnation, hb.ts) else 0
+            out.append(WorkerLoad(link.worker_id, hb.queued_prefill_tokens + extra, hb.running_requests,
+                                  0, hb.fingerprint, hb.block_size))
+        return out
+
+    def pick(self, tokens: Sequence[int] | None = None, *, hashes: Sequence[Hashable] | None = None,
+             salt=None, adapter=None) -> Decision:
+        """Route a prompt (token ids, or precomputed block hashes); counts its blocks as on the
+        chosen worker until its events confirm them (predicted inserts)."""
+        if hashes is None:
+            hashes = self.hashes(tokens, salt=salt, adapter=adapter)
+            num_tokens = len(tokens)
+        else:
+            num_tokens = len(hashes) * self.hasher.block_size
+        self.index.expire(time.monotonic())
+        decision = self.router.pick(hashes, self.workers())
+        self.index.predict(decision.worker_id, hashes, time.monotonic())
+        # Load the heartbeat cannot know yet: what we sent since it was made.
+        hb = self.subscriber.link(decision.worker_id).heartbeat
+        key = (hb.incarnation, hb.ts)
+        since = self._dispatched.get(decision.worker_id)
+        sent = since[1] if since and since[0] == key else 0
+        self._dispatched[decision.worker_id] = (key, sent + num_tokens - decision.overlap_blocks * self.hasher.block_size)
+        if self.on_decision is not None:
+            self.on_decision(decision)
+        return decision
+
+    def close(self) -> None:
+        self.subscriber.close()

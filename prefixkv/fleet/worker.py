@@ -1,0 +1,66 @@
+"""A stand-alone prefixkv worker for router tests and drills: a real manager, its events on ZMQ.
+
+    python -m prefixkv.fleet.worker --worker-id w0 --num-blocks 256 --block-size 4
+
+Prints one JSON line with its endpoints and incarnation, then reads JSON commands on
+stdin, one per line, answering each with a JSON line once its events are handed to the
+publisher: ``{"op": "admit", "id": "r1", "tokens": [...]}``, ``{"op": "free", "id": "r1"}``,
+``{"op": "reset"}``, ``{"op": "drop_next"}`` (the next batch is lost on the wire: fault
+injection). End of input stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..manager import KVCacheManager
+from .publisher import KVEventPublisher
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m prefixkv.fleet.worker")
+    p.add_argument("--worker-id", required=True)
+    p.add_argument("--num-blocks", type=int, default=256)
+    p.add_argument("--block-size", type=int, default=4)
+    p.add_argument("--hash-seed", type=int, default=0)
+    p.add_argument("--fingerprint", default="")
+    p.add_argument("--heartbeat-interval", type=float, default=0.1)
+    for name in ("endpoint", "replay-endpoint", "heartbeat-endpoint"):
+        p.add_argument(f"--{name}", default="tcp://127.0.0.1:0")
+    args = p.parse_args(argv)
+    mgr = KVCacheManager(args.num_blocks, args.block_size, hash_seed=args.hash_seed, record_events=True)
+    pub = KVEventPublisher(args.worker_id, block_size=args.block_size, endpoint=args.endpoint,
+                           replay_endpoint=args.replay_endpoint, heartbeat_endpoint=args.heartbeat_endpoint,
+                           fingerprint=args.fingerprint, hash_seed=args.hash_seed,
+                           heartbeat_interval_s=args.heartbeat_interval)
+    pub.set_load(free_blocks=mgr.num_free_blocks)
+    print(json.dumps({"worker_id": args.worker_id, "incarnation": pub.incarnation, "endpoints": pub.endpoints}),
+          flush=True)
+    drop = False
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op = cmd["op"]
+        prompts = []
+        if op == "admit":
+            prompt = mgr.prompt(cmd["tokens"])
+            mgr.admit(cmd["id"], prompt)
+            prompts.append(prompt)
+        elif op == "free":
+            mgr.free(cmd["id"])
+        elif op == "reset":
+            mgr.reset_prefix_cache(preempt_running=True)
+        elif op == "drop_next":
+            drop = True
+        if op != "drop_next":
+            pub.publish_from(mgr, prompts=prompts, drop=drop)
+            drop = False
+        pub.set_load(free_blocks=mgr.num_free_blocks, running_requests=len(mgr))
+        print(json.dumps({"ok": op}), flush=True)
+    pub.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
