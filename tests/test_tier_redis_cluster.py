@@ -59,6 +59,36 @@ def test_cluster_round_trip_spreads_prompts_over_shards(redis_cluster):
         assert store.clear(FP.hex) == 24 * 40 and store.probe(CHAINS[0].chain) == 0
 
 
+def test_one_node_hung_calls_stay_bounded_and_recover(redis_cluster):
+    """SIGSTOP one master: the first call that meets it costs one socket timeout, later calls
+    skip it (its breaker is open), the other shards keep hitting; after SIGCONT it serves again."""
+    with RedisBlockStore(cluster_url(redis_cluster), FP, RedisStoreConfig(probe_interval_s=0.5)) as store:
+        for b in CHAINS:
+            store.put(b.chain, 0, b.payloads)
+        assert store.flush()
+        hung = redis_cluster[2]
+        name = f"127.0.0.1:{hung.port}"
+        hung.pause()
+        try:
+            worst = 0.0
+            for b in CHAINS:
+                groups = owners(store, b)
+                t0 = time.perf_counter()
+                n = store.probe(b.chain)
+                got = store.fetch(b.chain, 0, 40)
+                worst = max(worst, time.perf_counter() - t0)
+                expect = 40 if name not in groups else 16 * groups.index(name)
+                assert n == expect and got.count == expect
+            assert worst < 5 * 0.25, worst
+        finally:
+            hung.resume()
+        t0 = time.monotonic()
+        while store.stats().nodes_down and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        assert store.stats().nodes_down == 0
+        assert all(store.probe(b.chain) == 40 for b in CHAINS)
+
+
 def test_one_node_killed_blocks_on_the_others_still_hit(redis_cluster):
     with RedisBlockStore(cluster_url(redis_cluster), FP, RedisStoreConfig(probe_interval_s=1.0)) as store:
         for b in CHAINS:
