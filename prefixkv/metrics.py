@@ -1,0 +1,103 @@
+"""Prometheus metrics for managers, tiers, engines and routers (extra ``[metrics]``: prometheus-client).
+
+Nothing is global: a ``Metrics`` object owns its ``CollectorRegistry``. Managers, tiers and
+engines are read when scraped (a custom collector calls their ``stats()``), so watching costs
+nothing between scrapes; router decisions are counted as they happen.
+
+    metrics = Metrics()
+    metrics.watch_manager(mgr, worker="w0")
+    metrics.watch_engine(engine, worker="w0")
+    router = FleetRouter(..., on_decision=metrics.router_decision)
+    server = metrics.serve(9400)          # GET http://127.0.0.1:9400/metrics
+    ...
+    server.shutdown()
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+# (name, help, CacheStats field) of the manager's counters
+_MANAGER_COUNTERS = (
+    ("prefixkv_queries", "Sequences admitted (prefix-cache lookups)", "admitted"),
+    ("prefixkv_query_tokens", "Prompt tokens looked up at admission", "query_tokens"),
+    ("prefixkv_hit_tokens", "Prompt tokens served from the prefix cache", "hit_tokens"),
+    ("prefixkv_evictions", "Cached blocks evicted", "evictions"),
+    ("prefixkv_insertions", "Hashes that entered the prefix cache", "insertions"),
+    ("prefixkv_preemptions", "Sequences preempted", "preemptions"),
+    ("prefixkv_promotions", "Blocks brought up from a lower tier (host -> device swap-ins)", "swapped_in_blocks"),
+    ("prefixkv_demotions", "Blocks moved down to a lower tier (device -> host swap-outs)", "swapped_out_blocks"),
+)
+
+
+class _Collector:
+    """Reads every watched object at scrape time."""
+
+    def __init__(self) -> None:
+        self.managers: list[tuple[str, object]] = []
+        self.tiers: list[tuple[str, str, Callable[[], dict]]] = []
+        self.engines: list[tuple[str, object]] = []
+
+    def collect(self):
+        blocks = GaugeMetricFamily("prefixkv_blocks", "Blocks by tier and state (active, cached, free)",
+                                   labels=["worker", "tier", "state"])
+        counters = {name: CounterMetricFamily(name, text, labels=["worker"]) for name, text, _ in _MANAGER_COUNTERS}
+        for worker, mgr in self.managers:
+            s = mgr.stats()
+            blocks.add_metric([worker, "device", "active"], s.active_blocks)
+            blocks.add_metric([worker, "device", "cached"], s.evictable_blocks)
+            blocks.add_metric([worker, "device", "free"], s.free_uncached_blocks)
+            if mgr.num_host_blocks:
+                free = mgr.num_free_host_blocks
+                blocks.add_metric([worker, "host", "active"], mgr.num_host_blocks - free)
+                blocks.add_metric([worker, "host", "free"], free)
+            for name, _, field in _MANAGER_COUNTERS:
+                counters[name].add_metric([worker], getattr(s, field))
+        for worker, tier, stats in self.tiers:
+            for state, value in stats().items():
+                blocks.add_metric([worker, tier, state], value)
+        yield blocks
+        yield from counters.values()
+        running = GaugeMetricFamily("prefixkv_engine_running_requests", "Requests holding device blocks",
+                                    labels=["worker"])
+        waiting = GaugeMetricFamily("prefixkv_engine_waiting_requests", "Requests waiting or preempted",
+                                    labels=["worker"])
+        steps = CounterMetricFamily("prefixkv_engine_steps", "Engine steps run", labels=["worker"])
+        for worker, engine in self.engines:
+            scheduler = engine.scheduler
+            running.add_metric([worker], len(scheduler.running))
+            waiting.add_metric([worker], len(scheduler.waiting))
+            steps.add_metric([worker], scheduler.step_count)
+        yield from (running, waiting, steps)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._collector = _Collector()
+        self.registry.register(self._collector)
+        self._decisions = Counter("prefixkv_router_decisions", "Router decisions by router and reason",
+                                  ["router", "reason"], registry=self.registry)
+
+    def watch_manager(self, manager, *, worker: str = "0") -> None:
+        self._collector.managers.append((worker, manager))
+
+    def watch_tier(self, tier: str, stats: Callable[[], dict], *, worker: str = "0") -> None:
+        """A lower tier: ``stats()`` returns block counts by state (``{"active": n, "free": m}``)."""
+        self._collector.tiers.append((worker, tier, stats))
+
+    def watch_engine(self, engine, *, worker: str = "0") -> None:
+        self.watch_manager(engine.manager, worker=worker)
+        self._collector.engines.append((worker, engine))
+
+    def router_decision(self, decision, router: str = "kv-aware+guard") -> None:
+        """Count one routing decision (usable as ``FleetRouter(on_decision=...)``)."""
+        self._decisions.labels(router=router, reason=decision.reason).inc()
+
+    def serve(self, port: int = 0, addr: str = "127.0.0.1"):
+        """Serve ``/metrics`` over HTTP; returns the server (``.server_port``, ``.shutdown()``)."""
+        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        return server
