@@ -14,9 +14,13 @@ module has one job and states its contract in its docstring:
   chained hash) and the Cluster hash tag that keeps a run of consecutive
   blocks of one chain in one slot.
 * ``redis_store``: the Redis block store (extra ``[redis]``): probe, fetch with
-  verification, a background writer, a circuit breaker, operator calls.
+  verification, put, stats and operator calls; its API contract is there.
+* ``redis_net``: URLs, per-node connections without retries, circuit breakers,
+  cluster slot routing, one-round-trip sends.
+* ``redis_writer``: the store's background thread (bounded write queue, SET NX
+  of only the blocks the server lacks, deletion of refused values, breaker probes).
 * ``staging``: packing one block out of / into ``KVStore`` pools (torch).
 
-Importing this package imports neither redis nor torch; only
-``redis_store`` needs redis-py and only ``staging`` needs torch.
+Importing this package imports neither redis nor torch; only the ``redis_*``
+modules need redis-py and only ``staging`` needs torch.
 """
