@@ -8,7 +8,8 @@ through the ``prefixkv.policies`` entry point group (the entry point loads the
 class; its key is the registry name; a built-in name always wins).
 
 Built in: ``lru``, ``fifo``, ``lfu``, ``slru``, ``s3fifo``, ``arc``,
-``leaf-lru``, ``gdsf``, ``workload`` and the offline bound ``belady`` (needs
+``leaf-lru``, ``gdsf``, ``workload``, ``lrfu``, ``session`` (uses the session hints
+of ``free()``) and the offline bound ``belady`` (needs
 ``set_next_use`` from a trace replayer). ``PriorityPolicy(inner, ...)`` wraps
 any of them to pin or prioritise blocks.
 """
@@ -23,7 +24,7 @@ from importlib.metadata import entry_points
 from typing import Callable
 
 from .arc import ARCPolicy
-from .base import EvictionPolicy, PolicyBase
+from .base import EvictionPolicy, PolicyBase, SessionHint
 from .belady import BeladyPolicy
 from .check import PolicyCheckFailed, PolicyReport, check_policy
 from .fifo import FIFOPolicy
@@ -34,6 +35,7 @@ from .lru import LRUPolicy
 from .lrfu import LRFUPolicy
 from .priority import PriorityPolicy
 from .s3fifo import S3FIFOPolicy
+from .session import SessionPolicy
 from .slru import SLRUPolicy
 from .workload import WorkloadPolicy
 
@@ -50,6 +52,7 @@ _BUILTIN: dict[str, Callable[..., EvictionPolicy]] = {
     "gdsf": GDSFPolicy,
     "workload": WorkloadPolicy,
     "lrfu": LRFUPolicy,
+    "session": SessionPolicy,
     "belady": BeladyPolicy,
 }
 
@@ -190,6 +193,7 @@ available_policies = REGISTRY.names
 __all__ = [
     "EvictionPolicy",
     "PolicyBase",
+    "SessionHint",
     "LRUPolicy",
     "FIFOPolicy",
     "LFUPolicy",
@@ -199,6 +203,7 @@ __all__ = [
     "LeafLRUPolicy",
     "GDSFPolicy",
     "WorkloadPolicy",
+    "SessionPolicy",
     "BeladyPolicy",
     "PriorityPolicy",
     "PolicyRegistry",

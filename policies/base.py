@@ -25,14 +25,83 @@ itself from ``pool.num_blocks`` and ``pool.block_size`` at ``bind`` and keep
 references to the pool's metadata lists (they are refilled in place on reset).
 ``pool.priority[block]`` is the priority of the sequence that released the
 block last: larger means more important.
+
+Session hints (optional; added for the ``session`` policy). ``KVCacheManager.free(seq,
+hint=SessionHint(...))`` says which session the request belonged to, why it
+ended and, when the caller knows it, when the session is expected back. The
+pool hands the hint over in two ways, both free for policies that ignore it:
+
+* ``on_hint(hint)``, if the policy defines it, is called once per hinted
+  release, *before* that release's ``on_released`` events;
+* ``pool.hint`` is that hint while the release's ``on_released`` calls run,
+  and ``None`` at every other moment (unhinted frees, preemption, copy on
+  write, swaps), so a policy can read it per block as it reads ``priority``.
+
+A hint describes the moment of ``free()`` and the past, never the future: a
+trace replayer builds it from the request's own stop reason and time only.
+A policy that can say what it expects may also define ``predict(hint) ->
+(p_return, gap_s) | None`` (pure: no state change); replays score it against
+the trace (``ReplayResult.return_auc`` / ``arrival_log_error``).
+Policies without ``on_hint`` / ``predict`` work unchanged: nothing else in the
+protocol changed.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Hashable, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover
     from prefixkv.pool import BlockPool
+
+
+@dataclass(frozen=True, slots=True)
+class SessionHint:
+    """What the caller knows about a request when it frees it (all optional but ``session``).
+
+    * ``session``: the session (conversation, agent loop) the request belongs to: any
+      hashable id; requests of one session extend one another's context.
+    * ``end``: why the request ended, e.g. ``"tool_use"`` (a tool runs, the agent comes back
+      soon), ``"end_turn"`` (the user's turn), ``"max_tokens"``; ``None`` when unknown.
+    * ``time``: when the request finished, in seconds on any clock that never goes back
+      (a replay uses the trace's timestamps); ``None``: the policy uses its own clock.
+    * ``next_arrival``: the caller's own estimate of the seconds until the session's next
+      request (an agent framework that knows its tool's timeout); ``None``: let the policy predict.
+    * ``turn``: the request's index in its session (0 = first); ``parent``: the parent
+      session of a sub-agent.
+    """
+
+    session: Hashable
+    end: str | None = None
+    time: float | None = None
+    next_arrival: float | None = None
+    turn: int | None = None
+    parent: Hashable | None = None
+
+    def __post_init__(self) -> None:
+        from prefixkv.errors import InvalidArgument
+
+        if self.session is None:
+            raise InvalidArgument("SessionHint.session", "must be a hashable id, not None")
+        try:
+            hash(self.session)
+        except TypeError:
+            raise InvalidArgument("SessionHint.session",
+                                  f"must be hashable, got {type(self.session).__name__}") from None
+        if self.end is not None and not isinstance(self.end, str):
+            raise InvalidArgument("SessionHint.end", f"must be a string or None, got {type(self.end).__name__}")
+        for name in ("time", "next_arrival"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidArgument(f"SessionHint.{name}", f"must be a number of seconds, got {type(value).__name__}")
+            if not math.isfinite(value) or (name == "next_arrival" and value < 0):
+                raise InvalidArgument(f"SessionHint.{name}",
+                                      f"must be finite{' and >= 0' if name == 'next_arrival' else ''}, got {value}")
+        if self.turn is not None and (isinstance(self.turn, bool) or not isinstance(self.turn, int) or self.turn < 0):
+            raise InvalidArgument("SessionHint.turn", f"must be an int >= 0, got {self.turn!r}")
 
 
 @runtime_checkable

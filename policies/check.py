@@ -2,7 +2,8 @@
 
 ``check_policy(factory)`` drives fresh policies through the real manager on
 seeded workloads made to stress a policy: shared system prompts, multi-turn
-continuations, exact repeats (duplicate blocks whose primary is evicted while
+continuations, frees with session hints (a session per prompt lineage, end
+reasons, a clock; some frees without a hint), exact repeats (duplicate blocks whose primary is evicted while
 they are in use), decodes, forks, preemption and resumption, prefix-cache
 resets, and admissions refused for lack of blocks. After every operation the
 manager's invariants are checked, which include the policy's side: exactly
@@ -49,17 +50,25 @@ def _workload(seed: int, steps: int, max_tokens: int) -> list[tuple]:
     """A seeded list of operations on sequence ids (ops on ids that are gone are skipped)."""
     rng = random.Random(seed)
     history: list[list[int]] = []
+    lineage: list[int] = []          # session of each history entry
+    session_of: dict[int, int] = {}  # sequence -> session
     ops: list[tuple] = []
     live: list[int] = []
     next_id = 0
-    for _ in range(steps):
+    for step in range(steps):
         r = rng.random()
         if live and (len(live) >= 5 or r < 0.3):
-            ops.append(("free", live.pop(rng.randrange(len(live)))))
+            seq = live.pop(rng.randrange(len(live)))
+            hint = None
+            if rng.random() < 0.8:  # (session, end reason, time): the clock is the step
+                hint = (session_of[seq], rng.choice(("tool_use", "tool_use", "end_turn", None)), float(step))
+            ops.append(("free", seq, hint))
         elif live and r < 0.42:
             ops.append(("append", rng.choice(live), rng.randrange(1, 6)))
         elif live and r < 0.47:
-            ops.append(("fork", rng.choice(live), next_id))
+            parent = rng.choice(live)
+            ops.append(("fork", parent, next_id))
+            session_of[next_id] = session_of[parent]
             live.append(next_id)
             next_id += 1
         elif live and r < 0.52:
@@ -68,13 +77,18 @@ def _workload(seed: int, steps: int, max_tokens: int) -> list[tuple]:
             ops.append(("reset",))
         else:
             if history and rng.random() < 0.5:
-                prompt = list(rng.choice(history))  # a repeat, or a continuation of an earlier prompt
+                k = rng.randrange(len(history))
+                prompt = list(history[k])  # a repeat, or a continuation of an earlier prompt
+                session = lineage[k]
                 if rng.random() < 0.6:
                     prompt += [rng.randrange(4) for _ in range(rng.randrange(1, 6))]
             else:
                 prompt = rng.choice(_SYSTEMS) + [rng.randrange(20, 40) for _ in range(rng.randrange(1, 9))]
+                session = next_id
             prompt = prompt[:max_tokens]
             history.append(prompt)
+            lineage.append(session)
+            session_of[next_id] = session
             ops.append(("admit", next_id, prompt, rng.randrange(3)))
             live.append(next_id)
             next_id += 1
@@ -84,6 +98,8 @@ def _workload(seed: int, steps: int, max_tokens: int) -> list[tuple]:
 def _run(policy: EvictionPolicy, ops: list[tuple], num_blocks: int, block_size: int, where: str):
     from prefixkv.errors import OutOfBlocks, PrefixKVError
     from prefixkv.manager import KVCacheManager
+
+    from .base import SessionHint
 
     mgr = KVCacheManager(num_blocks, block_size, policy=policy, hash_seed=0)
     evicted: list = []
@@ -107,7 +123,8 @@ def _run(policy: EvictionPolicy, ops: list[tuple], num_blocks: int, block_size: 
             elif args and args[0] not in mgr:
                 continue
             elif kind == "free":
-                mgr.free(args[0])
+                seq_id, hint = args
+                mgr.free(seq_id, hint=None if hint is None else SessionHint(hint[0], end=hint[1], time=hint[2]))
             elif kind == "append":
                 seq_id, n = args
                 if mgr.is_preempted(seq_id):

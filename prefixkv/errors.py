@@ -100,3 +100,20 @@ class InvariantViolation(PrefixKVError, AssertionError):
 
 class HashMismatch(PrefixKVError, ValueError):
     """Precomputed block hashes do not agree with the stated token count."""
+
+
+class InvalidArgument(PrefixKVError, TypeError, ValueError):
+    """An argument of the wrong type or value (a dict as a prompt, ``None`` as a sequence id,
+    a string as a hash seed). ``argument`` names it; nothing was changed."""
+
+    def __init__(self, argument: str, problem: str) -> None:
+        self.argument = argument
+        self.problem = problem
+        super().__init__(f"{argument}: {problem}")
+
+    def __reduce__(self):
+        return type(self), (self.argument, self.problem)
+
+
+class NoHostBlocks(PrefixKVError, ValueError):
+    """``swap_out`` / ``swap_in`` on a manager built without host blocks (``num_host_blocks=0``)."""

@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 import xxhash
 
-from .errors import InvalidTokens
+from .errors import InvalidArgument, InvalidTokens
 
 # 4-byte unsigned integer array typecode on this platform ("I" almost everywhere).
 TOKEN_TYPECODE = next(code for code in "ILH" if array(code).itemsize == 4)
@@ -42,37 +42,53 @@ _TAG_ADAPTER = 2
 _TAG_MULTIMODAL = 3
 
 
-def encode_tokens(tokens: Iterable[int] | array) -> array:
+def encode_tokens(tokens: Iterable[int] | array, argument: str = "tokens") -> array:
     """Token ids as a uint32 array (copied), rejecting values that do not fit.
 
     Accepts a list/tuple of ints, an ``array``, a numpy array or anything
     iterable of ints. numpy arrays of any integer dtype are range-checked.
+    Refused with ``InvalidTokens`` naming ``argument``: a mapping, set, string or
+    bytes (not a token sequence), booleans (``True`` is not token 1), non-integers
+    and ids outside ``[0, 2**32)``.
     """
     if isinstance(tokens, array) and tokens.typecode == TOKEN_TYPECODE:
         return array(TOKEN_TYPECODE, tokens)
     if hasattr(tokens, "dtype") and hasattr(tokens, "tobytes"):
-        return _encode_ndarray(tokens)
+        return _encode_ndarray(tokens, argument)
+    if isinstance(tokens, (str, bytes, bytearray, memoryview, dict, set, frozenset)) or hasattr(tokens, "keys"):
+        raise InvalidTokens(f"{argument}: a {type(tokens).__name__} is not a sequence of token ids; "
+                            "pass a list of ints (or a Prompt)")
+    if not isinstance(tokens, (list, tuple)):
+        try:
+            tokens = list(tokens)    # iterated twice below (a generator would be spent)
+        except TypeError:
+            raise InvalidTokens(f"{argument}: expected a sequence of token ids, got "
+                                f"{type(tokens).__name__}") from None
     try:
-        return array(TOKEN_TYPECODE, tokens)
+        out = array(TOKEN_TYPECODE, tokens)
     except OverflowError as exc:
         bad = next((t for t in tokens if not 0 <= t < 2**32), None)
-        raise InvalidTokens(f"token id {bad!r} is outside [0, 2**32)") from exc
+        raise InvalidTokens(f"{argument}: token id {bad!r} is outside [0, 2**32)") from exc
     except TypeError as exc:
         bad = next((t for t in tokens if not isinstance(t, int)), None)
-        raise InvalidTokens(f"token ids must be integers, got {type(bad).__name__} {bad!r}") from exc
+        raise InvalidTokens(f"{argument}: token ids must be integers, got {type(bad).__name__} {bad!r}") from exc
+    if bool in set(map(type, tokens)):  # array() takes True as 1
+        bad = next(i for i, t in enumerate(tokens) if type(t) is bool)
+        raise InvalidTokens(f"{argument}: token {bad} is a bool ({tokens[bad]!r}), not a token id")
+    return out
 
 
-def _encode_ndarray(values) -> array:
+def _encode_ndarray(values, argument: str = "tokens") -> array:
     import numpy as np
 
     values = np.asarray(values)
     if values.ndim != 1:
-        raise InvalidTokens(f"token ids must be one-dimensional, got shape {values.shape}")
+        raise InvalidTokens(f"{argument}: token ids must be one-dimensional, got shape {values.shape}")
     if values.size and values.dtype.kind not in "iu":
-        raise InvalidTokens(f"token ids must be integers, got dtype {values.dtype}")
+        raise InvalidTokens(f"{argument}: token ids must be integers, got dtype {values.dtype}")
     if values.size and (int(values.min()) < 0 or int(values.max()) >= 2**32):
         bad = int(values.min()) if int(values.min()) < 0 else int(values.max())
-        raise InvalidTokens(f"token id {bad} is outside [0, 2**32)")
+        raise InvalidTokens(f"{argument}: token id {bad} is outside [0, 2**32)")
     out = array(TOKEN_TYPECODE)
     out.frombytes(values.astype(np.uint32).tobytes())
     return out
@@ -165,6 +181,8 @@ class BlockHasher:
     def __init__(self, block_size: int, seed: int | None = None, algorithm: str = "xxh3_128") -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise InvalidArgument("seed", f"the hash seed must be an int or None, got {type(seed).__name__} {seed!r}")
         if algorithm not in HASH_ALGORITHMS:
             raise ValueError(f"unknown hash algorithm {algorithm!r}; choose from {sorted(HASH_ALGORITHMS)}")
         self.block_size = block_size

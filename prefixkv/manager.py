@@ -24,11 +24,11 @@ from typing import Hashable, Iterable, Sequence
 
 import numpy as np
 
-from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidTokens, InvariantViolation,
-                     OutOfBlocks, SequencePreempted, SequenceTooLong, UnknownSequence)
+from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidArgument, InvalidTokens,
+                     InvariantViolation, NoHostBlocks, OutOfBlocks, SequencePreempted, SequenceTooLong, UnknownSequence)
 from .events import KVEvent
 from .hashing import NO_EXTRA_KEYS, TOKEN_TYPECODE, BlockHasher, ExtraKeys, as_hash_list, encode_tokens
-from .policies import make_policy
+from .policies import SessionHint, make_policy
 from .pool import BlockPool
 from .prompt import Prompt
 from .stats import CacheStats
@@ -95,6 +95,9 @@ class KVCacheManager:
                 raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         if isinstance(num_host_blocks, bool) or not isinstance(num_host_blocks, int):
             raise TypeError(f"num_host_blocks must be an int, got {type(num_host_blocks).__name__}")
+        if hash_seed is not None and (isinstance(hash_seed, bool) or not isinstance(hash_seed, int)):
+            raise InvalidArgument("hash_seed", f"must be an int or None, got {type(hash_seed).__name__} "
+                                               f"{hash_seed!r}")
         if isinstance(policy, str):
             if policy == "belady":
                 raise ValueError("the belady policy (MIN) needs every block's next use, which only a trace "
@@ -123,7 +126,7 @@ class KVCacheManager:
         if extra is None:
             extra = NO_EXTRA_KEYS if (salt is None and adapter is None and not multimodal) else \
                 ExtraKeys(salt=salt, adapter=adapter, multimodal=tuple(multimodal))
-        encoded = encode_tokens(tokens)
+        encoded = encode_tokens(tokens, "tokens")
         return Prompt(self.hasher, encoded, len(encoded), extra)
 
     def prompt_from_hashes(self, block_hashes: Sequence[Hashable], num_tokens: int) -> Prompt:
@@ -153,7 +156,7 @@ class KVCacheManager:
                     f"{theirs.block_size} / {theirs.algorithm} / {theirs.seed} here "
                     f"{ours.block_size} / {ours.algorithm} / {ours.seed}; prepare it with this manager's prompt()")
             return prompt
-        return self.prompt(prompt)
+        return Prompt(self.hasher, (encoded := encode_tokens(prompt, "prompt")), len(encoded), NO_EXTRA_KEYS)
 
     # -- questions -----------------------------------------------------------
     def _lookup(self, prompt: Prompt, compute_last_token: bool) -> list[int]:
@@ -235,6 +238,7 @@ class KVCacheManager:
         All or nothing. Returns the number of leading tokens served from the
         cache; the caller computes (and writes the KV of) the rest.
         """
+        _check_seq_id(seq_id, "seq_id")
         if seq_id in self._seqs:
             raise DuplicateSequence(seq_id)
         prompt = self._as_prompt(prompt)
@@ -447,6 +451,7 @@ class KVCacheManager:
     def fork(self, parent_id: Hashable, child_id: Hashable) -> None:
         """The child shares every block of the parent; later writes copy on write."""
         parent = self._running(parent_id)
+        _check_seq_id(child_id, "child_id")
         if child_id in self._seqs:
             raise DuplicateSequence(child_id)
         child = _Sequence(list(parent.table), parent.num_tokens,
@@ -455,16 +460,26 @@ class KVCacheManager:
         self.pool.share(parent.table)
         self._seqs[child_id] = child
 
-    def free(self, seq_id: Hashable) -> None:
+    def free(self, seq_id: Hashable, *, hint: SessionHint | None = None) -> None:
         """Release a sequence on finish, cancel or error alike (tail first).
 
-        Cached full blocks stay in the prefix cache as evictable blocks.
+        Cached full blocks stay in the prefix cache as evictable blocks. ``hint``
+        (a ``prefixkv.policies.SessionHint``: session id, end reason, expected next
+        arrival) goes to the eviction policy with the released blocks; policies that
+        do not use hints ignore it. A policy that raises on the hint is reported as
+        ``PolicyError`` and the sequence is kept.
         """
-        seq = self._seqs.pop(seq_id, None)
+        seq = self._seqs.get(seq_id)
         if seq is None:
             raise UnknownSequence(seq_id, "never admitted or already freed")
+        if hint is not None and not isinstance(hint, SessionHint):
+            raise InvalidArgument("hint", f"must be a prefixkv.policies.SessionHint or None, "
+                                          f"got {type(hint).__name__}")
         if seq.table:
-            self.pool.release(reversed(seq.table), seq.priority)
+            self.pool.release(reversed(seq.table), seq.priority, hint)
+        elif hint is not None:
+            self.pool.release((), seq.priority, hint)   # the policy still learns the session's arrival
+        del self._seqs[seq_id]
         if seq.host_table:
             self._host_free.extend(reversed(seq.host_table))
 
@@ -511,6 +526,9 @@ class KVCacheManager:
         once). The device blocks are released tail first and stay cached.
         """
         seq = self._running(seq_id)
+        if not self.num_host_blocks:
+            raise NoHostBlocks("swap_out needs host blocks, and this manager has none (num_host_blocks=0): "
+                               "build it with KVCacheManager(..., num_host_blocks=N), or preempt() to recompute")
         needed = len(seq.table)
         if needed > len(self._host_free):
             if needed > self.num_host_blocks:
@@ -704,3 +722,13 @@ class KVCacheManager:
         if seq.preempted:
             raise SequencePreempted(seq_id)
         return seq
+
+
+def _check_seq_id(seq_id, argument: str) -> None:
+    """A new sequence id must be hashable and not None (None reads as "no sequence" everywhere)."""
+    if seq_id is None:
+        raise InvalidArgument(argument, "None is not a sequence id")
+    try:
+        hash(seq_id)
+    except TypeError:
+        raise InvalidArgument(argument, f"a sequence id must be hashable, got {type(seq_id).__name__}") from None

@@ -60,6 +60,9 @@ class BlockPool:
         self.unused_removals: int | None = 0 if track_reuse else None  # ended without a single hit
         self._reused: list[bool] | None = [False] * num_blocks if track_reuse else None
         self.events: list[KVEvent] | None = [] if record_events else None
+        # The SessionHint of the release in progress (None outside a hinted release): policies read it
+        # in on_released, as they read ``priority`` (see policies/base.py).
+        self.hint = None
         if getattr(policy, "pool", None) is not None:
             raise ValueError(f"this {type(policy).__name__} object already serves another pool; a policy "
                              "keeps per-pool state, so give each pool (each replay) a fresh one or a name")
@@ -224,12 +227,31 @@ class BlockPool:
             self.events.append(BlockStored(block_hash, parent_hash, self.num_tokens[block], extra, block))
         return True
 
-    def release(self, blocks_in_order: Iterable[int], priority: int = 0) -> None:
+    def release(self, blocks_in_order: Iterable[int], priority: int = 0, hint=None) -> None:
         """Drop one reference from each block, in the order given (tail first).
 
         A block whose count reaches 0 becomes evictable if it is a cached
-        primary, else goes back to the uncached free list.
+        primary, else goes back to the uncached free list. A ``hint``
+        (``SessionHint``) goes to the policy's ``on_hint`` first and is
+        ``self.hint`` while the blocks are released.
         """
+        if hint is not None:
+            on_hint = getattr(self.policy, "on_hint", None)
+            if on_hint is not None:
+                try:
+                    on_hint(hint)
+                except Exception as exc:  # nothing released yet: the caller's state is intact
+                    raise PolicyError(f"eviction policy {getattr(self.policy, 'name', type(self.policy).__name__)!r} "
+                                      f"raised in on_hint(): {type(exc).__name__}: {exc}") from exc
+            self.hint = hint
+            try:
+                self._release(blocks_in_order, priority)
+            finally:
+                self.hint = None
+            return
+        self._release(blocks_in_order, priority)
+
+    def _release(self, blocks_in_order: Iterable[int], priority: int) -> None:
         ref = self.ref_count
         block_hash = self.block_hash
         free_append = self._free.append

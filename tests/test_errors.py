@@ -104,3 +104,97 @@ def test_an_evict_that_returns_a_non_candidate_is_refused():
     mgr.free("a")
     with pytest.raises(PolicyError, match="returned 10000 from evict"):
         mgr.admit("b", list(range(100, 108)))
+
+
+# -- issue 12, item 9: library misuse gets typed errors naming the argument -------------------------------
+def test_a_string_hash_seed_names_the_argument():
+    from prefixkv.errors import InvalidArgument
+    from prefixkv.hashing import BlockHasher
+
+    with pytest.raises(InvalidArgument, match="hash_seed") as info:
+        KVCacheManager(8, 4, hash_seed="x")
+    assert info.value.argument == "hash_seed" and isinstance(info.value, TypeError)
+    with pytest.raises(InvalidArgument, match="seed"):
+        BlockHasher(4, seed="x")
+    with pytest.raises(InvalidArgument, match="hash_seed"):
+        KVCacheManager(8, 4, hash_seed=True)
+
+
+@pytest.mark.parametrize("prompt,argument", [
+    ({1: 2, 3: 4, 5: 6}, "prompt"),
+    ({1, 2, 3}, "prompt"),
+    ("abcd", "prompt"),
+    (b"\x01\x02\x03\x04", "prompt"),
+    ([True, 1, 2, 3], "prompt"),
+    (lambda: (t for t in [1, False, 3]), "prompt"),
+    (5, "prompt"),
+])
+def test_a_prompt_that_is_not_token_ids_is_refused(prompt, argument):
+    from prefixkv.errors import InvalidTokens
+
+    fresh = prompt if callable(prompt) else (lambda: prompt)   # a generator is spent by one call
+    mgr = KVCacheManager(8, 4, hash_seed=0)
+    before = mgr.snapshot()
+    with pytest.raises(InvalidTokens, match=f"^{argument}: "):
+        mgr.admit("a", fresh())
+    with pytest.raises(InvalidTokens, match=f"^{argument}: "):
+        mgr.match(fresh())
+    assert mgr.snapshot() == before and "a" not in mgr
+
+
+def test_a_bool_token_is_refused_in_every_token_path():
+    from prefixkv.errors import InvalidTokens
+
+    mgr = KVCacheManager(8, 4, hash_seed=0)
+    with pytest.raises(InvalidTokens, match="^tokens: token 1 is a bool"):
+        mgr.prompt([1, True])
+    mgr.admit("a", [1, 2, 3])
+    before = mgr.snapshot()
+    with pytest.raises(InvalidTokens, match="bool"):
+        mgr.append("a", [False])
+    with pytest.raises(InvalidTokens, match="bool"):
+        mgr.append_token("a", True)
+    with pytest.raises(InvalidTokens, match="bool"):
+        mgr.decode_step(["a"], [True])
+    assert mgr.snapshot() == before
+
+
+def test_none_is_not_a_sequence_id():
+    from prefixkv.errors import InvalidArgument
+
+    mgr = KVCacheManager(8, 4, hash_seed=0)
+    with pytest.raises(InvalidArgument, match="^seq_id: None") as info:
+        mgr.admit(None, [1, 2, 3])
+    assert info.value.argument == "seq_id" and None not in mgr
+    with pytest.raises(InvalidArgument, match="^seq_id: .*hashable"):
+        mgr.admit([1], [1, 2, 3])
+    mgr.admit("a", [1, 2, 3])
+    before = mgr.snapshot()
+    with pytest.raises(InvalidArgument, match="^child_id: None"):
+        mgr.fork("a", None)
+    assert mgr.snapshot() == before
+
+
+def test_swap_out_without_host_blocks_says_so():
+    from prefixkv.errors import NoHostBlocks
+
+    mgr = KVCacheManager(8, 4, hash_seed=0)
+    mgr.admit("a", [1, 2, 3, 4, 5])
+    before = mgr.snapshot()
+    with pytest.raises(NoHostBlocks, match="num_host_blocks") as info:
+        mgr.swap_out("a")
+    assert not isinstance(info.value, SequenceTooLong)
+    assert mgr.snapshot() == before
+    small = KVCacheManager(8, 4, hash_seed=0, num_host_blocks=1)
+    small.admit("a", [1, 2, 3, 4, 5])
+    with pytest.raises(SequenceTooLong, match="host"):   # too long for the host space there is
+        small.swap_out("a")
+
+
+def test_new_errors_survive_pickling():
+    from prefixkv.errors import InvalidArgument, NoHostBlocks
+
+    for error in (InvalidArgument("seq_id", "None is not a sequence id"), NoHostBlocks("none")):
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
+    assert pickle.loads(pickle.dumps(InvalidArgument("a", "b"))).argument == "a"

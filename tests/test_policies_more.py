@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 
 from prefixkv import BlockPool, BlockRemoved, KVCacheManager
 from prefixkv.policies import (ARCPolicy, BeladyPolicy, EvictionPolicy, GDSFPolicy, LeafLRUPolicy, LFUPolicy,
-                               LRFUPolicy, LRUPolicy, PolicyRegistry, PriorityPolicy, S3FIFOPolicy, SLRUPolicy,
-                               WorkloadPolicy, available_policies, make_policy)
+                               LRFUPolicy, LRUPolicy, PolicyRegistry, PriorityPolicy, S3FIFOPolicy, SessionHint,
+                               SessionPolicy, SLRUPolicy, WorkloadPolicy, available_policies, make_policy)
 import prefixkv.policies as policies_module
 
-NAMES = ["lru", "fifo", "lfu", "slru", "s3fifo", "arc", "leaf-lru", "gdsf", "workload", "lrfu", "belady"]
+NAMES = ["lru", "fifo", "lfu", "slru", "s3fifo", "arc", "leaf-lru", "gdsf", "workload", "lrfu", "session", "belady"]
 NUM_BLOCKS = 8
 NUM_HASHES = 14
 
@@ -57,6 +57,7 @@ class FakePool:
         self.num_tokens = [4] * num_blocks
         self._cached: dict = {}
         self.lookup = self._cached.get
+        self.hint = None   # the SessionHint of the release in progress (set by the driver)
 
     def cache(self, block, h, parent=None, depth=None):
         self.block_hash[block] = h
@@ -615,8 +616,110 @@ class RefPriorityLRU(Ref):
         self.aside.clear()
 
 
+class RefSession(Ref):
+    """The session policy restated block by block. Forecasts: per class (end reason, else turn bucket)
+    means (running, then EWMA) of log(1 + gap) and of return outcomes (1: the session came back; 0: not within timeout x gap);
+    per session an EWMA of its own log gaps. A hinted block waits until due = t + g / p (p ** w for turn
+    classes); the latest due goes first, tail (earliest released) first within a release. Overdue, unhinted
+    and shared blocks are aged: oldest release time first. The oldest aged block goes if now + kappa * its
+    age >= the latest due."""
+
+    def __init__(self, pool, rate=0.05, timeout=8.0, kappa=1.0, weight=0.5):
+        super().__init__(pool)
+        self.rate, self.timeout, self.kappa, self.weight = rate, timeout, kappa, weight
+        self.now = 0.0
+        self.hint = None
+        self.hints = 0
+        self.info = {}      # candidate -> (due or None, hint number, release time)
+        self.owner = {}
+        self.sessions = {}  # session -> dict(last, klass, n, mu, deadline)
+        self.mu, self.p, self.mu_all = {}, {}, log(61.0)
+
+    def klass(self, hint):
+        if hint.end is not None:
+            return hint.end
+        t = hint.turn
+        return ("turn", None if t is None else (t if t < 4 else (4 if t < 8 else 8)))
+
+    def mean(self, table, k, x, prior):
+        value, n = table.get(k, (prior, 0))
+        table[k] = (value + max(self.rate, 1.0 / (n + 2)) * (x - value), n + 1)
+
+    def learn_p(self, k, outcome):
+        self.mean(self.p, k, outcome, 0.5)
+
+    def on_hint(self, hint):
+        if hint.time > self.now:
+            self.now = hint.time
+            expired = sorted((s["deadline"], s["opened"], name) for name, s in self.sessions.items()
+                             if s["deadline"] is not None and s["deadline"] <= self.now)
+            for _, _, name in expired:
+                self.sessions[name]["deadline"] = None
+                self.learn_p(self.sessions[name]["klass"], 0.0)
+        s = self.sessions.setdefault(hint.session, dict(last=None, klass=None, n=0, mu=0.0, deadline=None))
+        if s["last"] is not None:
+            lg = log(1.0 + self.now - s["last"])
+            self.mean(self.mu, s["klass"], lg, self.mu_all)
+            self.mu_all += self.rate * (lg - self.mu_all)
+            s["mu"] = lg if not s["n"] else s["mu"] + 0.5 * (lg - s["mu"])
+            s["n"] += 1
+            if s["deadline"] is not None:
+                s["deadline"] = None
+                self.learn_p(s["klass"], 1.0)
+        k = self.klass(hint)
+        m = self.mu.get(k, (self.mu_all,))[0]
+        if s["n"]:
+            w = s["n"] / (s["n"] + 1.0)
+            m = w * s["mu"] + (1 - w) * m
+        p, g = max(self.p.get(k, (0.5,))[0], 0.02), math.exp(m) - 1.0
+        s.update(last=self.now, klass=k)
+        self.hints += 1
+        s["deadline"], s["opened"] = self.now + self.timeout * max(g, 1.0), self.hints
+        self.hint = hint
+        self.due = self.now + g / (p if hint.end is not None else p ** self.weight)
+
+    def released(self, b):
+        super().released(b)
+        hint = self.pool.hint
+        if hint is not None and hint is self.hint and self.owner.get(b, hint.session) == hint.session:
+            self.owner[b] = hint.session
+            self.info[b] = (self.due if self.due > self.now else None, self.hints, self.now)
+            return
+        if hint is not None and hint is self.hint:
+            self.owner[b] = "shared"
+        self.info[b] = (None, 0, self.now)
+
+    def hit(self, b, was_evictable):
+        super().hit(b, was_evictable)
+        if was_evictable:
+            del self.info[b]
+
+    def forget(self, b):
+        del self.info[b]
+        self.owner.pop(b, None)
+
+    def choose(self):
+        waiting = [b for b in self.rel if self.info[b][0] is not None and self.info[b][0] > self.now]
+        aged = [b for b in self.rel if b not in waiting]
+        if aged:
+            oldest = min(aged, key=lambda b: (self.info[b][2], self.rel[b]))
+        if waiting:
+            latest = max(waiting, key=lambda b: (self.info[b][0], self.info[b][1], -self.rel[b]))
+        if aged and (not waiting or self.now + self.kappa * (self.now - self.info[oldest][2])
+                     >= self.info[latest][0]):
+            return oldest
+        return latest
+
+    def clear(self):
+        super().clear()
+        self.info.clear()
+        self.owner.clear()
+
+
 # -- the driver ----------------------------------------------------------------------------------------------
-KINDS = ["cache"] * 4 + ["release"] * 4 + ["hit"] * 3 + ["evict"] * 3 + ["clear", "next", "pin", "unpin"]
+KINDS = ["cache"] * 4 + ["release"] * 4 + ["hit"] * 3 + ["evict"] * 3 + ["clear", "next", "pin", "unpin", "hint",
+                                                                        "unhint"]
+ENDS = ("tool_use", "end_turn", None, "tool_use")
 steps = st.tuples(st.sampled_from(KINDS), st.integers(0, NUM_BLOCKS - 1), st.integers(0, NUM_HASHES - 1),
                   st.integers(0, 3))
 scripts = st.lists(steps, min_size=60, max_size=200)
@@ -636,6 +739,7 @@ def drive(policy, script, ref=None, pool=None, pick=False):
         ref.pool = pool
     state = {}   # block -> "active" | "evictable"
     victims = []
+    clock = 0.0
     for kind, block, h, n in script:
         if pick:
             if kind == "cache":
@@ -697,6 +801,17 @@ def drive(policy, script, ref=None, pool=None, pick=False):
                     ref.next.pop(h, None)
                 else:
                     ref.next[h] = t
+        elif kind == "hint":
+            # A hinted release begins: session h % 3, an end reason, the clock moves by 0..3 s. Releases
+            # until "unhint" belong to it, as the pool's release() does with pool.hint.
+            clock += n
+            pool.hint = SessionHint(h % 3, end=ENDS[(h + n) % 4], time=clock, turn=n)
+            on_hint = getattr(policy, "on_hint", None)
+            if on_hint is not None:
+                on_hint(pool.hint)
+            ref and hasattr(ref, "on_hint") and ref.on_hint(pool.hint)
+        elif kind == "unhint":
+            pool.hint = None
         elif kind in ("pin", "unpin") and isinstance(policy, PriorityPolicy):
             if kind == "pin":
                 until = None if n == 0 else policy.now() + 2 * n
@@ -739,6 +854,9 @@ def factories():
                              lambda p: RefLRFU(p, step=0, reuse_distance=3, leaf_penalty=False)),
         "lrfu-no-ghosts": (lambda: LRFUPolicy(ghost=0, step=0.05, window=0.25, rate=0.5),
                            lambda p: RefLRFU(p, ghost=0, step=0.05, window=0.25, rate=0.5)),
+        "session": (SessionPolicy, RefSession),
+        "session-eager": (lambda: SessionPolicy(rate=0.5, timeout=1.0, kappa=3.0, fallback_weight=1.0),
+                          lambda p: RefSession(p, rate=0.5, timeout=1.0, kappa=3.0, weight=1.0)),
         "belady": (BeladyPolicy, RefBelady),
         "priority+lru": (lambda: PriorityPolicy(LRUPolicy()), lambda p: RefPriorityLRU(p, None)),
         "priority+lru-min2": (lambda: PriorityPolicy(LRUPolicy(), min_priority=2),
@@ -1217,7 +1335,8 @@ def test_policy_runs_the_real_manager(name):
     # The manager releases tail first and a hit needs the whole prefix, so a child is always released
     # before its parent and LRU already evicts leaves first: leaf-lru differs from it only around
     # duplicates (test_leaf_lru_differs_from_lru_through_a_duplicate_parent).
-    if name not in ("lru", "leaf-lru", "priority+leaf-lru"):
+    # session is LRU without hints, and these frees give none (tests/test_session.py covers hinted frees).
+    if name not in ("lru", "leaf-lru", "priority+leaf-lru", "session"):
         assert removals != lru_removals, f"{name} evicted exactly like LRU"
 
 

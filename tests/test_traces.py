@@ -446,3 +446,93 @@ def test_writing_a_trace_into_a_missing_directory_names_it(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="directory .*nope does not exist"):
         write_token_trace(tmp_path / "nope" / "t.jsonl", [], block_size=16)
+
+
+# -- session metadata (issue 16) ---------------------------------------------------------------
+
+def test_kvcache_tester_requests_keep_stop_reason_times_and_turn(tmp_path):
+    doc = {"id": "conv", "block_size": 4, "requests": [
+        {"t": 0.0, "in": 8, "out": 1, "hash_ids": [1, 2], "stop": "tool_use", "api_time": 1.5, "think_time": 0.0},
+        {"t": 5.0, "type": "subagent", "agent_id": "ag", "requests": [
+            {"t": 0.0, "in": 4, "out": 1, "hash_ids": [9], "stop": "end_turn"}]},
+        {"t": 9.0, "in": 12, "out": 1, "hash_ids": [1, 2, 3], "stop": "", "think_time": 7}]}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(doc))
+    reqs = load_trace(path).requests
+    assert [(r.session, r.parent, r.stop, r.api_time, r.think_time, r.turn) for r in reqs] == [
+        ("conv", None, "tool_use", 1.5, 0.0, 0), ("conv/ag", "conv", "end_turn", None, None, 0),
+        ("conv", None, "", None, 7.0, 1)]
+
+
+def test_mooncake_sessions_are_inferred_from_hash_chains(tmp_path):
+    path = write_lines(tmp_path / "m.jsonl", [
+        mooncake(0, 1500, [1, 2, 3]),            # s0: shared prompt 1, then its own 2 (3 is its partial tail)
+        mooncake(1, 1500, [1, 5, 6]),            # s1: shares block 1 with s0 -> block 1 is shared
+        mooncake(2, 2560, [1, 2, 7, 8, 9]),      # extends s0's full chain [1, 2]: s0, turn 1
+        mooncake(3, 1024, [1, 5]),               # contains s1's chain [1, 5]: s1, turn 1
+        mooncake(4, 1000, [1, 11]),              # only the shared block 1: a new session
+        mooncake(5, 2900, [1, 2, 7, 8, 9, 10]),  # extends s0's second turn: turn 2
+    ])
+    reqs = load_trace(path).requests
+    assert [(r.session, r.turn) for r in reqs] == [("s0", 0), ("s1", 0), ("s0", 1), ("s1", 1), ("s2", 0),
+                                                   ("s0", 2)]
+
+
+def test_token_trace_session_fields_round_trip_and_are_checked(tmp_path):
+    requests = [TraceRequest(0.0, 4, 1, None, [1, 2, 3, 4], [5], session="s", stop="tool_use", api_time=2.0,
+                             think_time=0.5, turn=3)]
+    trace = load_trace(write_token_trace(tmp_path / "t.jsonl", requests, block_size=4))
+    r = trace.requests[0]
+    assert (r.session, r.stop, r.api_time, r.think_time, r.turn) == ("s", "tool_use", 2.0, 0.5, 3)
+    for field, value, words in (("stop", 3, "'stop'"), ("api_time", -1, "'api_time'"), ("turn", 1.5, "'turn'"),
+                                ("think_time", "x", "'think_time'")):
+        path = write_lines(tmp_path / f"bad-{field}.jsonl",
+                           [{"timestamp": 0, "tokens": [1], "output_length": 0, field: value}])
+        with pytest.raises(TraceFormatError) as info:
+            load_trace(path)
+        assert_names(info, path, 1, words)
+
+
+# -- issue 12, item 10: binary files and traces without requests ---------------------------------------------
+
+@pytest.mark.parametrize("name,content,line", [
+    ("bin.jsonl", b"\x95\x00\xff\xfe binary", 1),
+    ("bin.json", b"\x95\x00\xff\xfe binary", 1),
+    ("late.jsonl", b'{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n\x95\x96\n', 2),
+    ("late.json", b'{"id": "x",\n "block_size": 4,\n "requests": [\xff]}', 3),
+])
+def test_a_binary_trace_names_the_path_and_line(tmp_path, name, content, line):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(TraceFormatError) as info:
+        load_trace(path)
+    assert_names(info, path, line, "UTF-8")
+
+
+def test_a_binary_file_in_a_trace_folder_names_it(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"block_size": 4, "requests": [
+        {"t": 0, "in": 4, "out": 1, "hash_ids": [1]}]}))
+    (tmp_path / "b.json").write_bytes(b"\x89PNG\r\n\x1a\n")
+    with pytest.raises(TraceFormatError) as info:
+        load_trace(tmp_path)
+    assert_names(info, tmp_path / "b.json", 1, "UTF-8")
+
+
+@pytest.mark.parametrize("lines", [
+    [{"prefixkv_trace": 1, "block_size": 4}],         # a token trace's header alone
+    [{"prefixkv_trace": 1}, ""],
+    ["", "   "],                                      # blank lines only
+    [],                                               # an empty file
+])
+def test_a_trace_without_requests_is_refused_everywhere(tmp_path, lines):
+    path = write_lines(tmp_path / "t.jsonl", lines) if lines else tmp_path / "t.jsonl"
+    if not lines:
+        path.write_bytes(b"")
+    with pytest.raises(TraceFormatError, match="no requests") as info:
+        load_trace(path)
+    assert info.value.path == str(path)
+    with pytest.raises(TraceFormatError, match="no requests"):
+        load_token_trace(path)
+    if not any(isinstance(line, dict) for line in lines):   # a header is not Mooncake at all
+        with pytest.raises(TraceFormatError, match="no requests"):
+            load_mooncake(path)

@@ -14,6 +14,18 @@ Capacity is counted in blocks of the trace's own block size. A hashed trace's
 every hash id counts as one block access (its last, partly filled block too,
 as the reference simulators count it); a token trace is hashed for real and
 its full blocks are the accesses.
+
+Session hints. Every request with a session label is freed with a
+``SessionHint`` built from the trace's past only: its session, its own stop
+reason (``end``), its turn in the session and the time of the free (cache
+mode: its arrival; concurrent mode: when it finished), never the next
+request's time. Policies that use hints (``session``) learn from them; the
+others ignore them. A policy with ``predict(hint)`` is scored afterwards
+against the trace: ``return_auc`` (does the session send another request:
+area under the ROC curve of the predicted probability) and
+``arrival_log_error`` (mean ``|ln((1 + predicted gap) / (1 + actual gap))|``,
+seconds, over the requests whose session does return), both over the measured
+requests; ``None`` for policies that predict nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ from typing import Any, Sequence
 
 from ..errors import SequenceTooLong
 from ..manager import KVCacheManager
-from ..policies import make_policy
+from ..policies import SessionHint, make_policy
 
 
 @dataclass
@@ -46,6 +58,9 @@ class ReplayResult:
     waited_admissions: int = 0         # concurrent mode: admissions that had to wait
     total_wait_s: float = 0.0
     warmup_requests: int = 0
+    predictions: int = 0               # measured requests the policy forecast (predict(hint))
+    return_auc: float | None = None    # of the forecast return probability (None: no forecasts, or one class)
+    arrival_log_error: float | None = None  # mean |ln((1+predicted gap)/(1+actual gap))|, returning sessions
     extra: dict = field(default_factory=dict)
 
     @property
@@ -89,6 +104,69 @@ def _prompt_for(mgr: KVCacheManager, request, block_size: int):
     return prompt, n, request.input_length - (n - 1) * block_size if n else 0
 
 
+def _hints(requests: Sequence) -> list[SessionHint | None]:
+    """Each request's hint at its free, from the past only (time is filled in by the replayer)."""
+    turns: dict = {}
+    out: list[SessionHint | None] = []
+    for r in requests:
+        session = r.session
+        if session is None:
+            out.append(None)
+            continue
+        turn = turns.get(session, 0)
+        turns[session] = turn + 1
+        out.append(SessionHint(session, end=r.stop, turn=r.turn if r.turn is not None else turn, parent=r.parent))
+    return out
+
+
+def _at(hint: SessionHint | None, when: float) -> SessionHint | None:
+    return None if hint is None else SessionHint(hint.session, hint.end, float(when), None, hint.turn, hint.parent)
+
+
+def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
+    """Area under the ROC curve (ties count half); None without both classes."""
+    pos = sum(1 for y in labels if y)
+    neg = len(labels) - pos
+    if not pos or not neg:
+        return None
+    order = sorted(range(len(scores)), key=scores.__getitem__)
+    rank_sum = 0.0
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and scores[order[j + 1]] == scores[order[i]]:
+            j += 1
+        mid = (i + j) / 2.0 + 1.0
+        rank_sum += mid * sum(1 for k in range(i, j + 1) if labels[order[k]])
+        i = j + 1
+    return (rank_sum - pos * (pos + 1) / 2.0) / (pos * neg)
+
+
+def _score_predictions(result: ReplayResult, requests: Sequence, forecasts: dict) -> None:
+    """Forecasts (request index -> (p_return, gap s)) against what the trace did next."""
+    if not forecasts:
+        return
+    following: dict[int, float] = {}
+    last: dict = {}
+    for i in range(len(requests) - 1, -1, -1):
+        session = requests[i].session
+        if session is None:
+            continue
+        if session in last:
+            following[i] = requests[last[session]].timestamp - requests[i].timestamp
+        last[session] = i
+    scores, labels, errors = [], [], []
+    for i, (p, gap) in forecasts.items():
+        scores.append(p)
+        came = i in following
+        labels.append(came)
+        if came:
+            errors.append(abs(math.log((1.0 + gap) / (1.0 + max(following[i], 0.0)))))
+    result.predictions = len(scores)
+    result.return_auc = roc_auc(scores, labels)
+    result.arrival_log_error = sum(errors) / len(errors) if errors else None
+
+
 def _next_uses(prompts: Sequence) -> list[list[float]]:
     """For each request, the index of the next request that accesses each of its blocks."""
     nxt: dict[Any, float] = {}
@@ -122,13 +200,18 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
     next_uses = _next_uses(prompts) if oracle is not None else None
     result = ReplayResult(policy=name, capacity=capacity, mode=mode, block_size=block_size)
     result.warmup_requests = int(len(requests) * warmup)
+    hints = _hints(requests)
+    predict = getattr(policy_obj, "predict", None)
+    forecasts: dict[int, tuple[float, float]] | None = {} if predict is not None else None
     if mode == "cache":
-        _replay_cache(mgr, requests, prompts, result, next_uses, oracle)
+        _replay_cache(mgr, requests, prompts, result, next_uses, oracle, hints, forecasts)
     else:
         if oracle is not None:
             raise ValueError("belady needs the future in trace order; use mode='cache'")
-        _replay_concurrent(mgr, requests, prompts, result, prefill_rate, decode_rate)
+        _replay_concurrent(mgr, requests, prompts, result, prefill_rate, decode_rate, hints, forecasts)
     mgr.check_invariants()
+    if forecasts:
+        _score_predictions(result, requests, forecasts)
     return result
 
 
@@ -149,8 +232,20 @@ def _tell_oracle(oracle, prompt, uses: list[float]) -> None:
         oracle(h, when)
 
 
+def _free(mgr: KVCacheManager, i, hint: SessionHint | None, forecasts: dict | None, measured: bool,
+          admitted: bool = True) -> None:
+    if admitted:
+        mgr.free(i, hint=hint)
+    elif hint is not None:
+        mgr.pool.release((), 0, hint)    # never admitted (too long): the session still came
+    if forecasts is not None and hint is not None and measured:
+        forecast = mgr.pool.policy.predict(hint)
+        if forecast is not None:
+            forecasts[i] = forecast
+
+
 def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, result: ReplayResult,
-                  next_uses, oracle) -> None:
+                  next_uses, oracle, hints: Sequence, forecasts: dict | None) -> None:
     size = mgr.block_size
     warm = result.warmup_requests
     at_warmup = None
@@ -160,21 +255,23 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
         prompt, accesses, last_tokens = prompts[i]
         if oracle is not None:
             _tell_oracle(oracle, prompt, next_uses[i])
+        hint = _at(hints[i], request.timestamp)
         try:
             hit_tokens = mgr.admit(i, prompt, compute_last_token=False)
         except SequenceTooLong:
             hit_tokens = 0
+            _free(mgr, i, hint, forecasts, i >= warm, admitted=False)
             if i >= warm:
                 result.oversized_requests += 1
         else:
-            mgr.free(i)
+            _free(mgr, i, hint, forecasts, i >= warm)
         if i >= warm:
             result.count(request, accesses, last_tokens, hit_tokens // size)
     _count_cache_traffic(result, mgr.pool, at_warmup)
 
 
 def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, result: ReplayResult,
-                       prefill_rate: float, decode_rate: float) -> None:
+                       prefill_rate: float, decode_rate: float, hints: Sequence, forecasts: dict | None) -> None:
     size = mgr.block_size
     warm = result.warmup_requests
     running: list[tuple[float, int]] = []   # (finish time, request index)
@@ -194,6 +291,7 @@ def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequenc
         out_blocks = -(-(prompt.num_tokens + request.output_length) // size) - (-(-prompt.num_tokens // size))
         m = mgr.match(prompt, compute_last_token=False)
         if m.total_blocks + out_blocks > mgr.pool.num_blocks:
+            _free(mgr, i, _at(hints[i], now), forecasts, i >= warm, admitted=False)
             if i >= warm:
                 result.oversized_requests += 1
                 result.count(request, accesses, last_tokens, 0)
@@ -223,7 +321,7 @@ def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequenc
         next_finish = running[0][0] if running else math.inf
         if next_finish <= next_arrival:
             clock, done = heapq.heappop(running)
-            mgr.free(done)
+            _free(mgr, done, _at(hints[done], clock), forecasts, done >= warm)
         else:
             clock = max(clock, next_arrival)
             waiting.append(pending)

@@ -12,7 +12,9 @@ One JSON object per line::
 prefix-chained ids of 512-token blocks, one per block *including* the last,
 partly filled one: ``len(hash_ids) == ceil(input_length / 512)``. The ids are
 kept as they are (ints), partial-block id included; ``KVCacheManager.prompt_from_hashes``
-accepts that shape.
+accepts that shape. Mooncake has no session ids: ``infer_sessions`` gives each request
+one from the hash chains (a request containing an earlier request's whole chain of full
+blocks continues its session, ``turn`` + 1).
 
 **kv-cache-tester JSON** (``load_kvcache_tester``), WEKA's agentic coding
 sessions. One JSON document per conversation::
@@ -29,7 +31,9 @@ sub-agent entry (one with its own nested ``requests``) is not a request: its
 nested requests are flattened into the trace, each at ``container.t + t`` (a
 nested ``t`` counts from the sub-agent's start, as the tester replays it),
 with ``session`` ``"<conversation>/<agent_id>"`` and ``parent`` the
-conversation's session label.
+conversation's session label. Each request keeps ``stop`` (why it ended:
+``tool_use``, ``end_turn``, ``""``), ``api_time``, ``think_time`` and its
+``turn`` (index among its session's requests).
 
 Hash ids are local to a file (``"hash_id_scope": "local"``, the default): file
 number ``k`` (in load order) maps id ``h`` to ``k * 2**40 + h``, so two files'
@@ -53,7 +57,8 @@ An optional header object on the first line, then one request per line::
   of ints in ``[0, 2**32)``) are required.
 * ``output_tokens`` (list of token ids) or ``output_length`` (int >= 0): at
   least one; when both are given they must agree.
-* ``salt`` (str or int), ``session``, ``kind``, ``parent`` (str) are optional;
+* ``salt`` (str or int), ``session``, ``kind``, ``parent``, ``stop`` (str),
+  ``api_time``, ``think_time`` (seconds >= 0) and ``turn`` (int >= 0) are optional;
   ``salt`` isolates the request's blocks in the cache, as ``KVCacheManager.prompt(salt=...)``.
 * The header's keys besides ``prefixkv_trace`` (the format version, 1) are
   free-form metadata; ``block_size`` is the block size a replay uses unless
@@ -68,6 +73,11 @@ is per level: a conversation's requests, and each sub-agent's).
 For a JSON document the line is the line of the offending request, and the
 message gives its JSON path (``requests[36].requests[1]``) and column, since
 these documents are usually a single line.
+
+A trace without a single request (an empty file, a token trace with only its
+header, kv-cache-tester documents with empty ``requests``) is refused the same
+way everywhere: ``TraceFormatError`` "no requests". A file that is not UTF-8
+text is refused with its path and the line of the first undecodable byte.
 
 ``load_trace`` picks the format from the content.
 """
@@ -85,7 +95,7 @@ from ..errors import PrefixKVError
 
 __all__ = [
     "TraceRequest", "Trace", "TraceFormatError", "load_trace", "load_mooncake", "load_kvcache_tester",
-    "load_token_trace", "write_token_trace", "detect_format",
+    "load_token_trace", "write_token_trace", "detect_format", "infer_sessions",
     "MOONCAKE_BLOCK_SIZE", "DEFAULT_TOKEN_BLOCK_SIZE", "NAMESPACE_BITS", "FORMATS",
 ]
 
@@ -132,6 +142,10 @@ class TraceRequest:
     session: str | None = None              # conversation / session label
     kind: str | None = None                 # request type ("chat", "agent", Mooncake: None, WEKA: "n"/"s")
     parent: str | None = None               # sub-agent requests: the parent conversation's session label
+    stop: str | None = None                 # why the request ended ("tool_use", "end_turn", ...), if known
+    api_time: float | None = None           # seconds the request took (kv-cache-tester)
+    think_time: float | None = None         # seconds between the session's previous response and this request
+    turn: int | None = None                 # index of the request in its session (0 = first)
 
 
 @dataclass(slots=True)
@@ -257,6 +271,17 @@ def _json_error(path, exc: json.JSONDecodeError, line: int | None = None) -> Tra
                             f"bad JSON: {exc.msg} (column {exc.colno})")
 
 
+def _read_text(path: Path) -> str:
+    """A whole file as UTF-8 text; a binary file is a TraceFormatError at its first bad byte's line."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise TraceFormatError(path, line, f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}): "
+                                           "is this a trace file?") from None
+
+
 def _iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
@@ -268,7 +293,7 @@ def _loads_line(path: Path, lineno: int, raw: bytes):
     try:
         obj = json.loads(raw)
     except UnicodeDecodeError as exc:
-        raise TraceFormatError(path, lineno, f"not UTF-8 text: {exc.reason}") from None
+        raise TraceFormatError(path, lineno, f"not UTF-8 text ({exc.reason}): is this a trace file?") from None
     except json.JSONDecodeError as exc:
         raise _json_error(path, exc, lineno) from None
     if type(obj) is not dict:
@@ -320,7 +345,53 @@ def load_mooncake(path: str | os.PathLike, block_size: int = MOONCAKE_BLOCK_SIZE
                                                  f"request's {last_ts} ms (timestamps must not decrease)")
         last_ts = ts
         append(TraceRequest(ts / 1000.0, n, out, ids))
+    if not requests:
+        raise TraceFormatError(path, 1, "no requests: the file holds no request lines")
+    infer_sessions(requests, block_size)
     return Trace(requests, block_size, name if name is not None else path.stem, str(path), "mooncake")
+
+
+def infer_sessions(requests: Sequence[TraceRequest], block_size: int) -> None:
+    """Give hashed requests without a session one, from their hash chains (Mooncake).
+
+    A request whose chain contains an earlier request's whole chain of full blocks
+    (that request's last full block id at the same position: ids are prefix hashes)
+    continues that request's session, at its turn + 1; the longest such earlier
+    chain wins. A block that two sessions have used (a shared system prompt) ends
+    no session: a request made of the shared prompt alone would otherwise adopt
+    every later conversation. Otherwise the request starts session ``"s<k>"`` at
+    turn 0. Only the past is used, so it is what a server could infer online.
+    Requests that already have a session, or have token ids, are left as they are.
+    """
+    ends: dict = {}          # last full block id of a request -> (session, turn)
+    owner: dict = {}         # block id -> the one session that used it, or _SHARED
+    fresh = 0
+    for r in requests:
+        ids = r.block_hashes
+        if ids is None or r.session is not None:
+            continue
+        full = min(len(ids), r.input_length // block_size)
+        found = None
+        for k in range(full - 1, -1, -1):
+            found = ends.get(ids[k])
+            if found is not None and owner.get(ids[k]) is not _SHARED:
+                break
+            found = None
+        if found is None:
+            r.session, r.turn = f"s{fresh}", 0
+            fresh += 1
+        else:
+            r.session, r.turn = found[0], found[1] + 1
+        session = r.session
+        for h in ids:
+            seen = owner.setdefault(h, session)
+            if seen is not session and seen != session:
+                owner[h] = _SHARED
+        if full:
+            ends[ids[full - 1]] = (session, r.turn)
+
+
+_SHARED = object()
 
 
 def _short(value, limit: int = 40) -> str:
@@ -372,7 +443,7 @@ def load_kvcache_tester(paths: str | os.PathLike | Iterable[str | os.PathLike], 
     file_block_size: int | None = block_size
     origin = "the caller asked for it"
     for index, path in enumerate(files):
-        text = path.read_text(encoding="utf-8")
+        text = _read_text(path)
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -430,6 +501,7 @@ def _walk(reqs, jpath: tuple, size: int, base: int, offset: float, session: str,
     if type(reqs) is not list:
         raise _Problem(jpath, f"'requests' must be an array, got {_type_name(reqs)}")
     last_t = -math.inf
+    turn = 0
     for i, r in enumerate(reqs):
         here = jpath + (i,)
         if type(r) is not dict:
@@ -467,8 +539,15 @@ def _walk(reqs, jpath: tuple, size: int, base: int, offset: float, session: str,
         if problem is not None:
             raise _Problem(here, problem)
         kind = r.get("type")
+        stop = r.get("stop")
+        api_time, think_time = r.get("api_time"), r.get("think_time")
         out.append(TraceRequest(offset + t, n, m, [base + h for h in ids] if base else ids,
-                                session=session, kind=kind if isinstance(kind, str) else None, parent=parent))
+                                session=session, kind=kind if isinstance(kind, str) else None, parent=parent,
+                                stop=stop if isinstance(stop, str) else None,
+                                api_time=float(api_time) if _is_number(api_time) else None,
+                                think_time=float(think_time) if _is_number(think_time) else None,
+                                turn=turn))
+        turn += 1
 
 
 def _jpath_text(jpath: tuple) -> str:
@@ -567,6 +646,9 @@ def load_token_trace(path: str | os.PathLike, block_size: int | None = None, *,
         except _Problem as problem:
             raise TraceFormatError(path, lineno, problem.message) from None
         last_ts = requests[-1].timestamp
+    if not requests:
+        raise TraceFormatError(path, 1, "no requests: the file holds a header but no request lines"
+                               if header else "no requests: the file holds no request lines")
     size = block_size if block_size is not None else header.get("block_size") or DEFAULT_TOKEN_BLOCK_SIZE
     if type(size) is not int or size <= 0:
         raise ValueError(f"block_size must be a positive integer, got {size!r}")
@@ -615,10 +697,24 @@ def _token_request(obj: dict, last_ts: float) -> TraceRequest:
         if value is not None and type(value) is not str:
             raise _Problem((), f"field {key!r} is {_type_name(value)}, expected a string")
         labels[key] = value
+    stop = obj.get("stop")
+    if stop is not None and type(stop) is not str:
+        raise _Problem((), f"field 'stop' is {_type_name(stop)}, expected a string")
+    times = {}
+    for key in ("api_time", "think_time"):
+        value = obj.get(key)
+        if value is not None and (not _is_number(value) or value < 0):
+            raise _Problem((), f"field {key!r} is {_type_name(value)} {_short(value)}, expected a number of "
+                               "seconds >= 0")
+        times[key] = None if value is None else float(value)
+    turn = obj.get("turn")
+    if turn is not None and (type(turn) is not int or turn < 0):
+        raise _Problem((), f"field 'turn' is {_type_name(turn)} {_short(turn)}, expected an integer >= 0")
     if ts < last_ts:
         raise _Problem((), f"timestamp {ts} s is earlier than the previous request's {last_ts} s "
                            "(timestamps must not decrease)")
-    return TraceRequest(float(ts), len(tokens), out_len, None, tokens, out_tokens, salt, **labels)
+    return TraceRequest(float(ts), len(tokens), out_len, None, tokens, out_tokens, salt, **labels, stop=stop,
+                        turn=turn, **times)
 
 
 def write_token_trace(path: str | os.PathLike, requests: Iterable[TraceRequest], *,
@@ -657,7 +753,7 @@ def write_token_trace(path: str | os.PathLike, requests: Iterable[TraceRequest],
                     raise ValueError(f"request {i}: timestamp {r.timestamp} is earlier than {last_ts}")
                 last_ts = r.timestamp
                 obj: dict = {"timestamp": r.timestamp}
-                for key in ("session", "kind", "parent", "salt"):
+                for key in ("session", "kind", "parent", "salt", "stop", "api_time", "think_time", "turn"):
                     value = getattr(r, key)
                     if value is not None:
                         obj[key] = value
@@ -690,8 +786,12 @@ def detect_format(path: str | os.PathLike) -> str:
     if not head:
         raise TraceFormatError(path, 1, "empty file: no requests")
     try:
+        head.decode("utf-8")
+    except UnicodeDecodeError:
+        _read_text(path)   # raises, naming the line of the first byte that is not UTF-8
+    try:
         obj = json.loads(head)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except json.JSONDecodeError:
         obj = None      # a pretty-printed (multi-line) document
     if isinstance(obj, dict):
         if "hash_ids" in obj:
