@@ -15,7 +15,8 @@ from .sizing import KVSpec, format_size, parse_size, plan
 
 DESCRIPTION = ("prefixkv: a prefix-caching, paged KV-cache store. Size a pool (plan), check the block "
                "arithmetic (lab), replay request traces under eviction policies (replay, compare, workload), "
-               "generate with a paged cache (generate) and benchmark block sizes (bench).")
+               "generate with a paged cache (generate), benchmark block sizes (bench) and simulate a routed fleet "
+               "of replicas (fleet).")
 
 # The design notes' teaching model: a Llama-3-8B-like KV layout.
 SEED_MODEL = dict(layers=32, kv_heads=8, head_dim=128, dtype="bfloat16")
@@ -411,8 +412,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_workload)
 
     from .bench.cli import add_bench_command
+    from .fleet.cli import add_fleet_command
     add_generate_command(sub)
     add_bench_command(sub)
+    add_fleet_command(sub)
     return parser
 
 
