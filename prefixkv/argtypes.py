@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from .sizing import parse_size
+from .sizing import DTYPE_BYTES, parse_size
 
 
 def positive_int(text: str) -> int:
@@ -67,3 +67,21 @@ def positive_size(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a size above zero, got {text!r}")
     return value
+
+
+def model_spec(text: str) -> dict:
+    """``layers,kv_heads,head_dim[,dtype[,tp]]`` as ``KVSpec`` fields."""
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) not in (3, 4, 5):
+        raise argparse.ArgumentTypeError(f"--model-spec is layers,kv_heads,head_dim[,dtype[,tp]], got {text!r}")
+    try:
+        out = dict(layers=int(parts[0]), kv_heads=int(parts[1]), head_dim=int(parts[2]))
+        if len(parts) > 3:
+            out["dtype"] = parts[3]
+        if len(parts) > 4:
+            out["tensor_parallel"] = int(parts[4])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--model-spec is layers,kv_heads,head_dim[,dtype[,tp]], got {text!r}") from None
+    if "dtype" in out and out["dtype"] not in DTYPE_BYTES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {out['dtype']!r}")
+    return out

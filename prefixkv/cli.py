@@ -9,7 +9,7 @@ import re
 import sys
 
 from . import __version__
-from .argtypes import fraction, non_negative_int, positive_int, positive_size, size
+from .argtypes import fraction, model_spec, non_negative_int, positive_int, positive_size, size
 from .errors import PrefixKVError
 from .sizing import KVSpec, format_size, parse_size, plan
 
@@ -137,6 +137,16 @@ def _effective_capacity(trace, requested: int, mode: str) -> tuple[int, str | No
                       f"tokens, not tokens)")
 
 
+def _tier_options(args: argparse.Namespace) -> dict:
+    """``replay`` arguments for the host tier: its policy, what a block costs to move (the model
+    spec and cost parameters, as ``bench``), and the load gate when cost parameters are given."""
+    from .costs import PreemptionCostModel, load_params
+
+    spec = KVSpec(**{**SEED_MODEL, **(args.model_spec or {})})
+    cost = PreemptionCostModel.from_params(load_params(args.cost_params), spec.bytes_per_token)
+    return dict(host_policy=args.host_policy, transfer_cost=cost, gate=args.cost_params is not None)
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from .sim.replay import replay
 
@@ -144,7 +154,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     source = _trace_sources(args)[0]
     trace = source.load()
     capacity, note = _effective_capacity(trace, args.capacity, args.mode)
-    result = replay(trace, args.policy, capacity, mode=args.mode, warmup=args.warmup).as_dict()
+    tiers = _tier_options(args) if args.host_capacity else {}
+    if args.host_capacity:
+        require_blocks_for_host(args.host_capacity)
+    result = replay(trace, args.policy, capacity, mode=args.mode, warmup=args.warmup,
+                    host_capacity=args.host_capacity, **tiers).as_dict()
     result["trace"] = source.label
     result["requested_capacity"] = args.capacity
     result["effective_capacity"] = capacity
@@ -153,8 +167,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if note:
             print(f"prefixkv replay: note: {note}", file=sys.stderr)
         return 0
+    host = (f", host tier {args.host_capacity:,} blocks ({args.host_policy})" if args.host_capacity else "")
     print(f"{source.label}: {len(trace):,} requests, blocks of {trace.block_size} tokens, "
-          f"policy {args.policy}, capacity {capacity:,} blocks, {args.mode} mode")
+          f"policy {args.policy}, capacity {capacity:,} blocks{host}, {args.mode} mode")
     if note:
         print(f"note: {note}")
     where = _where_generated([source])
@@ -162,7 +177,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(where)
     for key in ("requests", "block_accesses", "block_hits", "block_hit_rate", "token_hit_rate", "evictions",
                 "block_insertions", "blocks_never_reused", "oversized_requests", "waited_admissions",
-                "mean_wait_s"):
+                "mean_wait_s", "promotions", "demotions", "loads_refused", "transfer_bytes", "transfer_s"):
         if key in result:
             value = result[key]
             if key.endswith("_rate"):
@@ -171,7 +186,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 print(f"  {key:>20}  {value:.4f}")
             else:
                 print(f"  {key:>20}  {value:,}")
+    if "tier_block_hits" in result:
+        print("  " + ", ".join(f"{tier} {hits:,} hits ({100 * result['tier_hit_rate'][tier]:.2f} %)"
+                               for tier, hits in result["tier_block_hits"].items()))
     return 0
+
+
+def require_blocks_for_host(blocks: int) -> None:
+    from .hostmem import require_blocks
+
+    require_blocks(blocks, f"a host tier of {blocks:,} blocks")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -181,7 +205,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .hostmem import require_blocks
     from .outputs import atomic_path, plot_file
     from .policies import available_policies, make_policy
-    from .sim.sweep import SweepInterrupted, auto_capacities, gap_summary, plot, sweep
+    from .sim.sweep import SweepInterrupted, auto_capacities, gap_summary, plot, plot_host_capacity, sweep
 
     # LRU first (the baseline), MIN last (the bound, only where the future is known), the rest by name.
     policies = args.policies or sorted((p for p in available_policies()
@@ -205,14 +229,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
         else:
             capacities[s.label] = args.capacities
     require_blocks(max(max(c) for c in capacities.values()), "the largest capacity")
+    host_caps = args.host_capacity or [0]
+    tiers = _tier_options(args) if any(host_caps) else {}
+    if any(host_caps):
+        require_blocks_for_host(max(host_caps))
     console = make_console(stderr=True)
-    total = sum(len(policies) * len(capacities[s.label]) for s in sources)
+    total = sum(len(policies) * len(capacities[s.label]) for s in sources) * len(host_caps)
     interrupted = None
     with Progress(console=console, transient=True, disable=args.json or not console.is_terminal) as bar:
         task = bar.add_task("replaying", total=total)
         try:
             results = sweep(sources, policies, capacities, mode=args.mode, warmup=args.warmup,
-                            workers=args.workers, backend=args.backend, on_done=lambda _: bar.advance(task))
+                            workers=args.workers, backend=args.backend, host_capacities=host_caps,
+                            **tiers, on_done=lambda _: bar.advance(task))
         except SweepInterrupted as exc:
             results, interrupted = exc.finished, exc
     summary = gap_summary(results)
@@ -222,7 +251,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
             doc["complete"] = False
         print(json.dumps(doc))
     else:
-        _print_compare_tables(sources, policies, capacities, results, summary, args.mode, interrupted)
+        for host_capacity in host_caps:
+            _print_compare_tables(sources, policies, capacities, results, summary, args.mode, interrupted,
+                                  host_capacity)
         for note in notes:
             make_console().print(f"note: {note}")
         where = _where_generated(sources)
@@ -232,12 +263,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt          # no plot from a partial sweep; main says "interrupted"
     if plot_path:
         with atomic_path(plot_path) as tmp:
-            plot(results, tmp)
+            if len(host_caps) > 1:
+                plot_host_capacity(results, tmp)
+            else:
+                plot(results, tmp)
         print(f"plot written to {plot_path}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
-def _print_compare_tables(sources, policies, capacities, results, summary, mode, interrupted) -> None:
+def _print_compare_tables(sources, policies, capacities, results, summary, mode, interrupted,
+                          host_capacity: int = 0) -> None:
     from rich.table import Table
 
     from .console import make_console
@@ -245,13 +280,14 @@ def _print_compare_tables(sources, policies, capacities, results, summary, mode,
     out = make_console()
     for source in sources:
         caps = capacities[source.label]
-        rows = [r for r in results if r["trace"] == source.label]
+        rows = [r for r in results if r["trace"] == source.label and r.get("host_capacity", 0) == host_capacity]
         if not rows:
             continue
         incomplete = (f" [INCOMPLETE: interrupted after {len(interrupted.finished)} of {interrupted.total} "
                       "cells]") if interrupted else ""
+        host = f", host tier {host_capacity:,} blocks (all tiers)" if host_capacity else ""
         table = Table(title=f"{source.label}: block hit rate (%) by capacity in blocks of "
-                            f"{rows[0]['block_size']} tokens, {mode} mode{incomplete}")
+                            f"{rows[0]['block_size']} tokens{host}, {mode} mode{incomplete}")
         table.add_column("policy")
         for c in caps:
             table.add_column(f"{c:,}", justify="right")
@@ -267,7 +303,8 @@ def _print_compare_tables(sources, policies, capacities, results, summary, mode,
                 text = f"{100 * rate[(p, c)]:.2f}"
                 cells.append(f"[bold]{text}[/bold]" if p != "belady" and rate[(p, c)] == best[c] else text)
             table.add_row("MIN (belady)" if p == "belady" else p, *cells)
-        gaps = {row["capacity"]: row for row in summary if row["trace"] == source.label}
+        gaps = {row["capacity"]: row for row in summary
+                if row["trace"] == source.label and row.get("host_capacity", 0) == host_capacity}
         if online and not interrupted and all("gap_closed" in gaps[c] for c in caps):
             table.add_section()
             table.add_row("best online", *[gaps[c]["best_policy"] for c in caps])
@@ -315,6 +352,23 @@ def _add_trace_args(p: argparse.ArgumentParser, many: bool) -> None:
     p.add_argument("--mode", default="cache", choices=["cache", "concurrent"])
     p.add_argument("--warmup", type=fraction, default=0.0, help="fraction of requests excluded from measurement")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _add_tier_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host-policy", default="lru", help="eviction policy of the host tier (default lru)")
+    p.add_argument("--model-spec", type=model_spec, default=None,
+                   help="layers,kv_heads,head_dim[,dtype] pricing a block's transfer (default: the design "
+                        "notes' 32,8,128,bfloat16)")
+    p.add_argument("--cost-params", default=None,
+                   help="link and prefill figures (h200, cpu-tiny or a file): gives transfer_s, and applies "
+                        "the load gate (a host hit is taken only when moving it beats recomputing it)")
+
+
+def _host_capacity_list(text: str) -> list[int]:
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated block counts, got {text!r}")
+    return sorted({int(part) for part in parts})
 
 
 def _policy_list(text: str) -> list[str]:
@@ -383,6 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"eviction policy (default lru): {_policy_help()}; options after colons, "
                         "e.g. lrfu:half_life=4:ghost=1")
     p.add_argument("--capacity", type=positive_int, required=True, help="cache capacity in blocks")
+    p.add_argument("--host-capacity", type=non_negative_int, default=0,
+                   help="blocks of host tier below the device cache (default 0: none)")
+    _add_tier_args(p)
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("compare", help="sweep policies x capacities against the offline optimum (MIN)",
@@ -394,7 +451,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "so one sweep compares settings: lru,lrfu,lrfu:half_life=4:ghost=1")
     p.add_argument("--capacities", type=_capacity_list, default="auto",
                    help="comma-separated block counts, or 'auto' (1-50%% of the distinct blocks)")
-    p.add_argument("--plot", metavar="FILE.png", help="write hit rate against capacity")
+    p.add_argument("--plot", metavar="FILE.png", help="write hit rate against capacity (against host capacity "
+                                                      "when several --host-capacity values are given)")
+    p.add_argument("--host-capacity", type=_host_capacity_list, default=None,
+                   help="comma-separated host-tier sizes in blocks, swept below every capacity (0: none)")
+    _add_tier_args(p)
     p.add_argument("--workers", type=positive_int, default=None,
                    help="processes (default: CPU count); with --backend ray, the CPUs of a local Ray")
     p.add_argument("--backend", default="process", choices=["process", "ray"],

@@ -4,6 +4,11 @@ Events are buffered in order and drained by the caller. ``BlockStored`` is
 emitted when a hash enters the prefix cache, always after its parent's (the
 parent is held by the same sequence at that moment); ``BlockRemoved`` only when
 the last physical copy of a hash leaves; ``AllBlocksCleared`` on a reset.
+
+Every event names its tier (``medium``, as vLLM's events do): ``None`` for the
+device pool, ``"CPU"`` for the host tier. A demotion is a ``BlockRemoved`` from
+the device and a ``BlockStored`` on the host; a hash has left the cache when it
+has been removed from every tier that stored it.
 """
 
 from __future__ import annotations
@@ -21,17 +26,19 @@ class BlockStored:
     token_count: int
     extra_keys: ExtraKeys | None
     block_id: int
+    medium: str | None = None     # the tier: None for the device pool, "CPU" for the host tier
 
 
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
     block_hash: Hashable
     block_id: int
+    medium: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class AllBlocksCleared:
-    pass
+    medium: str | None = None
 
 
 KVEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]

@@ -11,6 +11,10 @@ KV is written. The caller must write the KV of every allocated token in the
 same step, before any other sequence's attention reads it (a packed forward
 that writes each layer's KV before that layer's attention satisfies this).
 Copies returned by ``take_copies`` must run before the writes of that step.
+With the host tier (``host_cache=True``), ``take_demotions`` (device -> host copies
+of evicted blocks) and then ``take_loads`` (host -> device copies of host hits)
+run first, before the copies, and before the next call that changes the
+manager: until ``take_loads`` the host blocks those copies read stay held.
 Fork a sequence after its step's KV writes: a copy-on-write made later copies
 the block as it is in memory, so a token appended but not yet written would be
 missing from the copy.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Hashable, Iterable, Sequence
 
 import numpy as np
@@ -53,11 +58,12 @@ class _Sequence:
 class PrefixMatch:
     """The answer of ``match``: what ``admit`` would do right now."""
 
-    hit_tokens: int      # leading tokens served from the cache
+    hit_tokens: int      # leading tokens served from the cache (every tier)
     hit_blocks: int
     total_blocks: int    # blocks the sequence would hold
-    blocks_needed: int   # taken from the free pool (fresh + evictable hits it would pin)
+    blocks_needed: int   # taken from the free pool (fresh, loaded from a lower tier, evictable hits it would pin)
     fits: bool           # blocks_needed <= free blocks now
+    lower_hit_blocks: int = 0   # of ``hit_blocks``, those served from the host tier (a load each)
 
 
 class KVCacheManager:
@@ -74,7 +80,9 @@ class KVCacheManager:
 
     def __init__(self, num_blocks: int, block_size: int, *, policy="lru", hash_seed: int | None = None,
                  hash_algorithm: str = "xxh3_128", verify: bool = False, record_events: bool = False,
-                 enable_caching: bool = True, num_host_blocks: int = 0, track_reuse: bool = False) -> None:
+                 enable_caching: bool = True, num_host_blocks: int = 0, track_reuse: bool = False,
+                 host_cache: bool = False, host_policy="lru", host_inclusive: bool = False,
+                 load_gate=None) -> None:
         """A pool of ``num_blocks`` blocks of ``block_size`` token slots.
 
         * ``policy``: an eviction policy name (``prefixkv.policies.available_policies()``:
@@ -86,7 +94,15 @@ class KVCacheManager:
         * ``verify``: keep each cached block's tokens and treat a hash collision as a miss.
         * ``record_events``: keep KV events (stored / removed / cleared) for ``drain_events``.
         * ``enable_caching``: ``False`` turns prefix caching off (no hashes, no hits).
-        * ``num_host_blocks``: host-memory blocks for ``swap_out`` / ``swap_in`` (0: no swapping).
+        * ``num_host_blocks``: host-memory blocks (0: none): swap space for ``swap_out`` /
+          ``swap_in`` and, with ``host_cache``, the host tier; one pool for both.
+        * ``host_cache``: blocks evicted from the device are demoted to the host pool instead of
+          vanishing, and lookups continue there past the device hits (``prefixkv.tiers.host``).
+          ``host_policy`` orders the host pool (any registered policy); exclusive by default
+          (a promoted block leaves the host tier), ``host_inclusive=True`` keeps it.
+        * ``load_gate``: a ``prefixkv.costs.PreemptionCostModel``; a host hit is taken only when
+          moving a block costs less than recomputing its tokens (refusals are counted). None:
+          always taken.
         * ``track_reuse``: count cache residencies that end without a single hit
           (``stats().unused_removals``; None when off); costs a store per hit block.
         """
@@ -113,11 +129,32 @@ class KVCacheManager:
         self._copies: list[tuple[int, int]] = []
         if num_host_blocks < 0:
             raise ValueError(f"num_host_blocks must be >= 0, got {num_host_blocks}")
+        if host_cache and not num_host_blocks:
+            raise ValueError("host_cache needs host blocks: pass num_host_blocks > 0")
         self.num_host_blocks = num_host_blocks
-        self._host_free: list[int] = list(range(num_host_blocks - 1, -1, -1))
+        self.host = None
+        if num_host_blocks:
+            from .tiers.host import HostTier
+            self.host = HostTier(num_host_blocks, block_size, policy=host_policy,
+                                 cache=host_cache and enable_caching, inclusive=host_inclusive,
+                                 record_events=record_events)
+            self.host.pool.events = self.pool.events          # one ordered stream for every tier
+            if self.host.cache:
+                self.pool.on_evict = self._demote
+        # Lower-tier hits are taken unless moving a block costs more than recomputing it.
+        self.load_gate = load_gate
+        self._take_lower = load_gate is None or load_gate.swap_one_way_s(
+            block_size * load_gate.kv_bytes_per_token) < load_gate.recompute_s(block_size)
+        self._demotions: list[tuple[int, int]] = []   # (device block, host block), run first
+        self._loads: list[tuple[int, int]] = []       # (host block, device block), after demotions
+        self._load_pins: list[int] = []               # host blocks the pending loads read
+        self._host_release: list[int] = []            # swap-in sources, released once copied
         self._counters = dict(admitted=0, query_tokens=0, hit_tokens=0, cow_copies=0, preemptions=0,
                               recomputed_tokens=0, resumed_hit_tokens=0, swaps_out=0, swaps_in=0,
-                              swapped_out_blocks=0, swapped_in_blocks=0)
+                              swapped_out_blocks=0, swapped_in_blocks=0, host_hit_tokens=0, loads=0,
+                              loads_refused=0, demotions=0)
+        # Read-only view for drivers that count per request (replay): cheaper than stats().
+        self.counters = MappingProxyType(self._counters)
 
     # -- preparing input -----------------------------------------------------
     def prompt(self, tokens, *, extra: ExtraKeys | None = None, salt=None, adapter=None,
@@ -183,11 +220,53 @@ class KVCacheManager:
             del hits[hits.index(None):]
         return hits
 
-    def _blocks_needed(self, prompt: Prompt, hits: list[int]) -> tuple[int, int]:
+    def _lower_hits(self, prompt: Prompt, compute_last_token: bool, hits: list[int]) -> list[tuple[int, int]]:
+        """Past the device's leading ``hits``: the chain continued through the device and the host
+        tier, as (index, host block) for the blocks only the host holds. Extends ``hits`` with
+        the device blocks found between them. Read-only; [] without a host cache."""
+        host = self.host
+        if host is None or not host.cache or self.pool.verify or not self._take_lower:
+            return []
+        hashes = prompt.block_hashes()
+        limit = min((prompt.num_tokens - 1 if compute_last_token else prompt.num_tokens) // self.block_size,
+                    len(hashes))
+        in_device, in_host = self.pool.lookup, host.pool.lookup
+        lower: list[tuple[int, int]] = []
+        found: list[int] = []
+        for i in range(len(hits), limit):
+            block = in_device(hashes[i])
+            if block is None:
+                block = in_host(hashes[i])
+                if block is None:
+                    break
+                lower.append((i, block))
+            found.append(block)
+        if not lower:
+            return []
+        # Device blocks after the last host block are hits too; keep the chain up to its end.
+        hits.extend(found)
+        return lower
+
+    def _refused_loads(self, prompt: Prompt, compute_last_token: bool, device_hits: int) -> int:
+        """Host hits the load gate turned down (counted, not taken)."""
+        host = self.host
+        if host is None or not host.cache or self._take_lower:
+            return 0
+        hashes = prompt.block_hashes()
+        limit = min((prompt.num_tokens - 1 if compute_last_token else prompt.num_tokens) // self.block_size,
+                    len(hashes))
+        return host.count_leading(hashes[:limit], device_hits)
+
+    def _blocks_needed(self, prompt: Prompt, hits: list[int], lower: list[tuple[int, int]] = ()) -> tuple[int, int]:
         total = -(-prompt.num_tokens // self.block_size)
         ref = self.pool.ref_count
-        pinned = list(map(ref.__getitem__, hits)).count(0)
-        return total, total - len(hits) + pinned
+        if lower:
+            loaded = {i for i, _ in lower}
+            device = [b for i, b in enumerate(hits) if i not in loaded]
+        else:
+            device = hits
+        pinned = list(map(ref.__getitem__, device)).count(0)
+        return total, total - len(device) + pinned
 
     def match(self, prompt, *, compute_last_token: bool = True) -> PrefixMatch:
         """How many leading tokens are cached, and whether admission fits. Read-only.
@@ -198,9 +277,10 @@ class KVCacheManager:
         """
         prompt = self._as_prompt(prompt)
         hits = self._lookup(prompt, compute_last_token)
-        total, needed = self._blocks_needed(prompt, hits)
+        lower = self._lower_hits(prompt, compute_last_token, hits)
+        total, needed = self._blocks_needed(prompt, hits, lower)
         return PrefixMatch(len(hits) * self.block_size, len(hits), total, needed,
-                           total <= self.pool.num_blocks and needed <= self.pool.num_free)
+                           total <= self.pool.num_blocks and needed <= self.pool.num_free, len(lower))
 
     def blocks_needed_to_append(self, seq_id: Hashable, num_tokens: int) -> int:
         """Free blocks an append of ``num_tokens`` would take (fresh + copy-on-write)."""
@@ -256,15 +336,24 @@ class KVCacheManager:
         """Allocate ``prompt``'s blocks into the empty ``seq``; raises before mutating."""
         pool = self.pool
         hits = self._lookup(prompt, compute_last_token)
-        total, needed = self._blocks_needed(prompt, hits)
+        lower = self._lower_hits(prompt, compute_last_token, hits)
+        total, needed = self._blocks_needed(prompt, hits, lower)
         if total > pool.num_blocks:
             raise SequenceTooLong(total, pool.num_blocks, f"{what} of {prompt.num_tokens} tokens")
         if needed > pool.num_free:
             raise OutOfBlocks(needed, pool.num_free, f"{what} of {prompt.num_tokens} tokens")
         # Hashing may still raise on bad input; do it before touching the pool.
         hashes = prompt.block_hashes() if self.enable_caching else []
-        pool.acquire_hits(hits)
-        fresh = pool.allocate(total - len(hits))
+        refused = self._refused_loads(prompt, compute_last_token, len(hits)) if self.load_gate else 0
+        if lower:
+            loaded = {i for i, _ in lower}
+            pool.acquire_hits([b for i, b in enumerate(hits) if i not in loaded])
+            sources = [b for _, b in lower]
+            self.host.pin(sources)     # before the device allocates: its demotions must not take them
+        else:
+            pool.acquire_hits(hits)
+        num_hits = len(hits)
+        fresh = pool.allocate(total - num_hits + len(lower))
         size = self.block_size
         n = prompt.num_tokens
         num_tokens = pool.num_tokens
@@ -273,6 +362,12 @@ class KVCacheManager:
         if n % size:
             num_tokens[fresh[-1]] = n % size
         table = hits
+        if lower:
+            for (i, source), block in zip(lower, fresh):
+                table[i] = block
+                self._loads.append((source, block))
+            self._load_pins.extend(sources)
+            fresh = fresh[len(lower):]
         table.extend(fresh)
         seq.table = table
         seq.num_tokens = n
@@ -280,8 +375,15 @@ class KVCacheManager:
             seq.tokens = array(TOKEN_TYPECODE, prompt.tokens)
         seq.hashes = list(hashes)
         if self.enable_caching:
-            self._publish(seq, len(table) - len(fresh), n // size)
-        return (len(table) - len(fresh)) * size
+            for i, _ in lower:           # loaded blocks enter the device cache now; bytes follow in take_loads
+                self._publish(seq, i, i + 1)
+            self._publish(seq, num_hits, n // size)
+        counters = self._counters
+        counters["loads"] += len(lower)
+        counters["loads_refused"] += refused
+        if what == "admission":
+            counters["host_hit_tokens"] += len(lower) * size
+        return num_hits * size
 
     def _publish(self, seq: _Sequence, first: int, stop: int) -> None:
         """Publish the sequence's full blocks ``first .. stop-1`` (their hashes are known)."""
@@ -481,7 +583,7 @@ class KVCacheManager:
             self.pool.release((), seq.priority, hint)   # the policy still learns the session's arrival
         del self._seqs[seq_id]
         if seq.host_table:
-            self._host_free.extend(reversed(seq.host_table))
+            self.host.release(list(reversed(seq.host_table)))
 
     cancel = free
 
@@ -530,13 +632,20 @@ class KVCacheManager:
             raise NoHostBlocks("swap_out needs host blocks, and this manager has none (num_host_blocks=0): "
                                "build it with KVCacheManager(..., num_host_blocks=N), or preempt() to recompute")
         needed = len(seq.table)
-        if needed > len(self._host_free):
+        free = self.num_free_host_blocks
+        if needed > free:
             if needed > self.num_host_blocks:
                 raise SequenceTooLong(needed, self.num_host_blocks, "swap-out to host memory")
-            raise OutOfBlocks(needed, len(self._host_free), "swap-out to host memory")
-        host = self._host_free[:-needed - 1:-1] if needed else []
-        if needed:
-            del self._host_free[-needed:]
+            raise OutOfBlocks(needed, free, "swap-out to host memory")
+        host = self.host.hold(needed) if needed else []
+        if self.host is not None and self.host.cache and seq.publishable:
+            # its full, published blocks are cached on the host too: swapping feeds the host tier
+            pool = self.pool
+            for i, block in enumerate(seq.table[:len(seq.hashes)]):
+                if pool.block_hash[block] is None:
+                    break
+                self.host.publish_held(host[i], seq.hashes[i], seq.hashes[i - 1] if i else None, i,
+                                       self.block_size)
         copies = list(zip(seq.table, host))
         self.pool.release(reversed(seq.table), seq.priority)
         seq.table = []
@@ -563,7 +672,13 @@ class KVCacheManager:
         trial = _Sequence([], 0, None, [], seq.extra, seq.priority, seq.publishable)
         reused = self._place(trial, prompt, False, "swap-in") // self.block_size
         copies = list(zip(seq.host_table[reused:], trial.table[reused:]))
-        self._host_free.extend(reversed(seq.host_table))
+        if self.host is None:
+            pass                 # an empty sequence swapped out without host blocks
+        elif self.host.cache:
+            # demotions may reuse released host blocks: the copies above read them first
+            self._host_release.extend(reversed(seq.host_table))
+        else:
+            self.host.release(list(reversed(seq.host_table)))
         seq.table = trial.table
         seq.hashes = trial.hashes
         seq.publishable = trial.publishable
@@ -575,7 +690,7 @@ class KVCacheManager:
 
     @property
     def num_free_host_blocks(self) -> int:
-        return len(self._host_free)
+        return 0 if self.host is None else self.host.num_free
 
     def reset_prefix_cache(self, *, preempt_running: bool = False) -> list[Hashable]:
         """Forget every cached block. Refused while sequences hold blocks, unless
@@ -587,6 +702,9 @@ class KVCacheManager:
         for seq_id in holders:
             self.preempt(seq_id)
         self.pool.clear_cache()
+        if self.host is not None and self.host.cache:
+            # swapped-out sequences and pending loads keep their host blocks, not their hashes
+            self.host.pool.clear_cache(keep_active=True)
         return holders
 
     def take_copies(self) -> list[tuple[int, int]]:
@@ -594,8 +712,39 @@ class KVCacheManager:
         copies, self._copies = self._copies, []
         return copies
 
+    def take_demotions(self) -> list[tuple[int, int]]:
+        """Pending (device block, host block) copies of blocks evicted to the host tier; clears
+        them. Run them first: the device blocks they read may already be reallocated."""
+        demotions, self._demotions = self._demotions, []
+        return demotions
+
+    def take_loads(self) -> list[tuple[int, int]]:
+        """Pending (host block, device block) copies of host-tier hits; clears them and releases
+        the host blocks they read (exclusive: those hashes leave the host tier). Run them after the
+        demotions and before the copy-on-write copies and the step's writes, and before the next
+        call that changes this manager."""
+        loads, self._loads = self._loads, []
+        if self._load_pins:
+            pins, self._load_pins = self._load_pins, []
+            self.host.unpin(pins)
+        if self._host_release:
+            release, self._host_release = self._host_release, []
+            self.host.release(release)
+        return loads
+
+    def _demote(self, block: int, block_hash: Hashable) -> None:
+        """The device pool evicts ``block``: keep its content on the host tier (``pool.on_evict``)."""
+        pool = self.pool
+        target = self.host.store(block_hash, pool.parent_hash[block], pool.depth[block], pool.num_tokens[block])
+        if target is not None:
+            self._demotions.append((block, target))
+            self._counters["demotions"] += 1
+
     def drain_events(self) -> list[KVEvent]:
-        return self.pool.drain_events()
+        events = self.pool.drain_events()
+        if self.host is not None:
+            self.host.pool.events = self.pool.events   # drained together: one ordered stream
+        return events
 
     # -- tables for kernels --------------------------------------------------
     def block_ids(self, seq_id: Hashable) -> list[int]:
@@ -654,6 +803,12 @@ class KVCacheManager:
             swaps_out=c["swaps_out"], swaps_in=c["swaps_in"], swapped_out_blocks=c["swapped_out_blocks"],
             swapped_in_blocks=c["swapped_in_blocks"],
             tail_waste_slots=waste, block_table_lengths=tuple(lengths),
+            host_capacity=self.num_host_blocks,
+            host_active_blocks=0 if self.host is None else self.host.pool.num_active,
+            host_evictable_blocks=0 if self.host is None else self.host.pool.num_evictable,
+            host_free_uncached_blocks=0 if self.host is None else self.host.pool.num_free_uncached,
+            host_hit_tokens=c["host_hit_tokens"], loads=c["loads"], loads_refused=c["loads_refused"],
+            demotions=c["demotions"],
         )
 
     def check_invariants(self) -> None:
@@ -668,9 +823,11 @@ class KVCacheManager:
         size = self.block_size
         running = [seq for seq in self._seqs.values() if not seq.preempted]
         pool.check(seq.table for seq in running)
-        host_held = [b for seq in self._seqs.values() if seq.host_table for b in seq.host_table]
-        if sorted(host_held + self._host_free) != list(range(self.num_host_blocks)):
-            raise InvariantViolation("host blocks are lost or held twice")
+        if self.host is not None:
+            # host block holders: swapped-out sequences, pending loads' sources, swap-in sources
+            # not yet copied; conservation and refcounts as on the device
+            self.host.pool.check([*(seq.host_table for seq in self._seqs.values() if seq.host_table),
+                                  self._load_pins, self._host_release])
         for seq_id, seq in self._seqs.items():
             if seq.preempted:
                 if seq.table:
@@ -707,8 +864,10 @@ class KVCacheManager:
             ((repr(k), tuple(s.table), s.num_tokens, None if s.tokens is None else s.tokens.tobytes(),
               tuple(s.hashes), s.publishable, s.preempted, None if s.host_table is None else tuple(s.host_table))
              for k, s in self._seqs.items())))
-        return (seqs, self.pool.snapshot(), tuple(self._copies), tuple(sorted(self._counters.items())),
-                tuple(self._host_free))
+        host = None if self.host is None else (self.host.pool.snapshot(), self.host.stores, self.host.dropped,
+                                                self.host.hits)
+        return (seqs, self.pool.snapshot(), tuple(self._copies), tuple(sorted(self._counters.items())), host,
+                tuple(self._demotions), tuple(self._loads), tuple(self._load_pins), tuple(self._host_release))
 
     # -- helpers -------------------------------------------------------------
     def _get(self, seq_id: Hashable) -> _Sequence:

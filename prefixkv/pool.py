@@ -30,7 +30,7 @@ from .hashing import ExtraKeys
 
 class BlockPool:
     def __init__(self, num_blocks: int, block_size: int, policy, *, verify: bool = False,
-                 record_events: bool = False, track_reuse: bool = False) -> None:
+                 record_events: bool = False, track_reuse: bool = False, medium: str | None = None) -> None:
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         if block_size <= 0:
@@ -57,12 +57,17 @@ class BlockPool:
         # path); whether each residency served a hit is tracked only on request (``track_reuse``,
         # as trace replays do): it costs a store per hit block.
         self.cleared = 0                                   # residencies ended by clear_cache
+        self.forgotten = 0                                 # residencies ended by forget (moved up a tier)
         self.unused_removals: int | None = 0 if track_reuse else None  # ended without a single hit
         self._reused: list[bool] | None = [False] * num_blocks if track_reuse else None
         self.events: list[KVEvent] | None = [] if record_events else None
         # The SessionHint of the release in progress (None outside a hinted release): policies read it
         # in on_released, as they read ``priority`` (see policies/base.py).
         self.hint = None
+        self.medium = medium            # in this pool's KV events (None: the device pool)
+        # Called as on_evict(block, hash) when a cached block is evicted, before the block is
+        # reused: the manager demotes it to the host tier there (None: it is simply gone).
+        self.on_evict = None
         if getattr(policy, "pool", None) is not None:
             raise ValueError(f"this {type(policy).__name__} object already serves another pool; a policy "
                              "keeps per-pool state, so give each pool (each replay) a fresh one or a name")
@@ -95,7 +100,7 @@ class BlockPool:
     @property
     def insertions(self) -> int:
         """Residencies started: every one ended by an eviction or a reset, or is cached now."""
-        return self.evictions + self.cleared + len(self._cached)
+        return self.evictions + self.cleared + self.forgotten + len(self._cached)
 
     def num_unused_cached(self) -> int | None:
         """Cached blocks whose current residency has not been hit yet (O(cached); None untracked)."""
@@ -172,6 +177,8 @@ class BlockPool:
         if block_hash is None or self.ref_count[block]:
             raise PolicyError(f"eviction policy {getattr(self.policy, 'name', type(self.policy).__name__)!r} "
                               f"returned {block!r} from evict(), which is not an evictable cached block")
+        if self.on_evict is not None:
+            self.on_evict(block, block_hash)
         self.block_hash[block] = None
         self.evictions += 1
         reused = self._reused
@@ -188,8 +195,28 @@ class BlockPool:
         else:
             del self._cached[block_hash]
             if self.events is not None:
-                self.events.append(BlockRemoved(block_hash, block))
+                self.events.append(BlockRemoved(block_hash, block, self.medium))
         return block
+
+    def forget(self, block: int) -> None:
+        """Drop the hash of an active cached block: it stays held, uncached (a host block whose
+        content moved up to the device). An active duplicate takes over the hash, if any."""
+        block_hash = self.block_hash[block]
+        if block_hash is None or not self.ref_count[block]:
+            raise InvariantViolation(f"forget({block}): not an active cached block")
+        self.block_hash[block] = None
+        self.forgotten += 1
+        if self._reused is not None:
+            self._reused[block] = False
+        duplicates = self._duplicates.get(block_hash)
+        if duplicates:
+            self._promote(duplicates.pop(), block_hash, block)
+            if not duplicates:
+                del self._duplicates[block_hash]
+        else:
+            del self._cached[block_hash]
+            if self.events is not None:
+                self.events.append(BlockRemoved(block_hash, block, self.medium))
 
     def _promote(self, duplicate: int, block_hash: Hashable, evicted: int) -> None:
         del self._duplicate_hash[duplicate]
@@ -224,7 +251,8 @@ class BlockPool:
             self.content[block] = content
         self.policy.on_cached(block)
         if self.events is not None:
-            self.events.append(BlockStored(block_hash, parent_hash, self.num_tokens[block], extra, block))
+            self.events.append(BlockStored(block_hash, parent_hash, self.num_tokens[block], extra, block,
+                                           self.medium))
         return True
 
     def release(self, blocks_in_order: Iterable[int], priority: int = 0, hint=None) -> None:
@@ -279,13 +307,19 @@ class BlockPool:
         if not duplicates:
             del self._duplicates[block_hash]
 
-    def clear_cache(self) -> None:
+    def clear_cache(self, *, keep_active: bool = False) -> None:
         """Forget every hash; evictable blocks become free-uncached.
 
-        The caller guarantees no block is active (the manager checks).
+        The caller guarantees no block is active (the manager checks), unless
+        ``keep_active``: active blocks then stay held and only lose their hashes
+        (host blocks of swapped-out sequences across a reset).
         """
-        if self.num_active:
+        if self.num_active and not keep_active:
             raise InvariantViolation("clear_cache called while blocks are active")
+        held = {b for b, c in enumerate(self.ref_count) if c} if self.num_active else set()
+        for block in held:
+            if self.block_hash[block] is not None:
+                self.forget(block)
         if self._reused is not None:
             self.unused_removals += self.num_unused_cached()
             self._reused[:] = [False] * self.num_blocks
@@ -301,9 +335,9 @@ class BlockPool:
         if self.verify:
             self.content[:] = [None] * n
         self.policy.clear()
-        self._free[:] = range(n - 1, -1, -1)
+        self._free[:] = (b for b in range(n - 1, -1, -1) if b not in held)
         if self.events is not None:
-            self.events.append(AllBlocksCleared())
+            self.events.append(AllBlocksCleared(self.medium))
 
     def drain_events(self) -> list[KVEvent]:
         if self.events is None:

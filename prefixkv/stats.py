@@ -33,10 +33,23 @@ class CacheStats:
     swapped_in_blocks: int      # host -> device block copies (cache hits need none)
     tail_waste_slots: int       # empty slots in unique partly filled tail blocks
     block_table_lengths: tuple[int, ...]
+    # the host pool (swap space and, with host_cache, the host tier)
+    host_capacity: int = 0
+    host_active_blocks: int = 0     # held by swapped-out sequences or by pending loads
+    host_evictable_blocks: int = 0  # cached on the host tier
+    host_free_uncached_blocks: int = 0
+    host_hit_tokens: int = 0        # of ``hit_tokens``, served from the host tier
+    loads: int = 0                  # host -> device block copies for host hits (promotions)
+    loads_refused: int = 0          # host hits the load gate found dearer than recomputing
+    demotions: int = 0              # device -> host block copies of evicted blocks
 
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    @property
+    def device_hit_tokens(self) -> int:
+        return self.hit_tokens - self.host_hit_tokens
 
     @property
     def free_blocks(self) -> int:

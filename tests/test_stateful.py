@@ -16,6 +16,11 @@ Besides the content check, the machine asserts:
   consumed); ``blocks_needed_to_append`` predicts ``append``;
 * swap-out / swap-in round-trips KV through a host ``SlotStore`` (reused device
   blocks plus host copies) and never loses or double-books a host block;
+* with the host tier on (``host_cache``), evicted blocks are demoted into that
+  host store and host hits loaded back (demotions, then loads, then COW copies,
+  as a model runner does): every sequence still reads its own history, every
+  block cached on the host holds its hash's KV, and the host pool conserves its
+  blocks after every step;
 * ``check_invariants``, conservation of blocks, every ``stats()`` counter
   against the test's own count, tail waste, hit_tokens <= query_tokens;
 * LRU: a released sequence's blocks enter the eviction order tail first;
@@ -40,6 +45,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from prefixkv import (AllBlocksCleared, BlockRemoved, BlockStored, CacheBusy, DuplicateSequence,
                       KVCacheManager, OutOfBlocks, SequencePreempted, SequenceTooLong,
                       UnknownSequence)
+from prefixkv.errors import NoHostBlocks
 from prefixkv.sim.slotstore import SlotStore
 
 VOCAB = 6
@@ -78,11 +84,16 @@ class KVCacheMachine(RuleBasedStateMachine):
     # -- set-up ----------------------------------------------------------------
     @initialize(num_blocks=st.integers(4, 24), block_size=st.sampled_from([1, 2, 4]),
                 policy=st.sampled_from(["lru", "fifo"]), verify=st.booleans(),
-                num_host_blocks=st.sampled_from([0, 2, 8, 16, 32]))
-    def setup(self, num_blocks, block_size, policy, verify, num_host_blocks):
+                num_host_blocks=st.sampled_from([0, 2, 8, 16, 32]), host_cache=st.booleans(),
+                host_policy=st.sampled_from(["lru", "fifo"]), host_inclusive=st.booleans())
+    def setup(self, num_blocks, block_size, policy, verify, num_host_blocks, host_cache, host_policy,
+              host_inclusive):
+        self.host_cache = host_cache and num_host_blocks > 0
         self.mgr = KVCacheManager(num_blocks=num_blocks, block_size=block_size, policy=policy,
                                   hash_seed=0, record_events=True, verify=verify,
-                                  num_host_blocks=num_host_blocks)
+                                  num_host_blocks=num_host_blocks, host_cache=self.host_cache,
+                                  host_policy=host_policy, host_inclusive=host_inclusive)
+        self.stored_host: set = set()              # hashes the event stream says the host tier holds
         self.B = block_size
         self.policy = policy
         self.store = SlotStore(num_blocks, block_size)
@@ -109,7 +120,20 @@ class KVCacheMachine(RuleBasedStateMachine):
     def live(self) -> list[str]:
         return sorted(self.model, key=lambda s: int(s[1:]))
 
+    def run_demotions(self) -> None:
+        """Evicted device blocks to the host store: before anything reuses those device blocks."""
+        for dev, h in self.mgr.take_demotions():
+            self.host_store.slots[h] = self.store.slots[dev]
+
+    def run_loads(self) -> None:
+        for h, dev in self.mgr.take_loads():
+            self.store.slots[dev] = self.host_store.slots[h]
+        assert self.mgr.take_loads() == []
+
     def run_copies(self) -> None:
+        """A step's block moves, in the order a model runner runs them: demotions, loads, COW."""
+        self.run_demotions()
+        self.run_loads()
         copies = self.mgr.take_copies()
         assert self.mgr.take_copies() == [], "take_copies must clear the pending copies"
         self.counters["cow_copies"] += len(copies)
@@ -359,6 +383,9 @@ class KVCacheMachine(RuleBasedStateMachine):
         table = mgr.block_ids(seq_id)
         host_free = mgr.num_free_host_blocks
         before = mgr.snapshot()
+        if not mgr.num_host_blocks:
+            self.expect_unchanged(before, NoHostBlocks, mgr.swap_out, seq_id)
+            return
         try:
             copies = self.release_check(seq_id, mgr.swap_out)
         except OutOfBlocks as exc:
@@ -394,13 +421,18 @@ class KVCacheMachine(RuleBasedStateMachine):
         host = self.host.pop(seq_id)
         n = len(self.model[seq_id])
         assert len(table) == _ceil_div(n, self.B) == len(host)
-        reused = len(table) - len(copies)   # leading blocks still cached on the device
+        reused = len(table) - len(copies)   # leading blocks still cached on the device (or the host tier)
         assert copies == list(zip(host[reused:], table[reused:]))
         assert reused <= n // self.B
-        assert mgr.num_free_host_blocks == host_free + len(host)
+        if not self.host_cache:
+            assert mgr.num_free_host_blocks == host_free + len(host)
         assert not mgr.is_preempted(seq_id) and mgr.take_copies() == []
+        self.run_demotions()       # they read device blocks the swap-in may have reused
         for h, dev in copies:
             self.store.slots[dev] = self.host_store.slots[h]
+        self.run_loads()           # host-tier hits; releases the swap-in's host blocks
+        if self.host_cache:
+            assert mgr.num_free_host_blocks >= host_free
         self.preempted.discard(seq_id)
         self.counters.update(swaps_in=1, swapped_in_blocks=len(copies))
 
@@ -452,6 +484,8 @@ class KVCacheMachine(RuleBasedStateMachine):
             return
         got = mgr.reset_prefix_cache(preempt_running=preempt_running)
         assert set(got) == holders and len(got) == len(holders)
+        if mgr.host is not None:
+            assert mgr.host.pool.num_cached == 0 and mgr.host.count_leading(list(self.known)) == 0
         self.preempted |= holders
         self.counters["preemptions"] += len(holders)
         stats = mgr.stats()
@@ -522,6 +556,9 @@ class KVCacheMachine(RuleBasedStateMachine):
         pool = mgr.pool
         stored_now = []
         for ev in mgr.drain_events():
+            if getattr(ev, "medium", None) == "CPU":      # the host tier's own stream
+                self.replay_host_event(ev)
+                continue
             if isinstance(ev, BlockStored):
                 assert ev.block_hash not in self.stored, "BlockStored for a hash already stored"
                 assert ev.parent_hash is None or ev.parent_hash in self.stored, \
@@ -548,11 +585,33 @@ class KVCacheMachine(RuleBasedStateMachine):
             if ev.block_hash in pool._cached:
                 assert pool._cached[ev.block_hash] == ev.block_id
 
-        # Every cached block (active or evictable) still holds its hash's KV.
+        # Every cached block (active or evictable) still holds its hash's KV, on every tier.
         for h, block in pool._cached.items():
             _, prefix = self.known[h]
             assert self.store.slots[block].tolist() == list(prefix[-B:]), \
                 f"cached block {block} was overwritten"
+        if mgr.host is not None:
+            host_pool = mgr.host.pool
+            assert self.stored_host == set(host_pool._cached), "host events disagree with the host tier"
+            assert host_pool.num_active + host_pool.num_evictable + host_pool.num_free_uncached == \
+                host_pool.num_blocks
+            for h, block in host_pool._cached.items():
+                _, prefix = self.known[h]
+                assert self.host_store.slots[block].tolist() == list(prefix[-B:]), \
+                    f"host block {block} does not hold its hash's KV"
+            if not self.host_cache:
+                assert not host_pool._cached and stats.demotions == stats.loads == 0
+
+    def replay_host_event(self, ev) -> None:
+        if isinstance(ev, BlockStored):
+            assert ev.block_hash not in self.stored_host, "host BlockStored for a hash already there"
+            assert ev.block_hash in self.known and ev.token_count == self.B
+            self.stored_host.add(ev.block_hash)
+        elif isinstance(ev, BlockRemoved):
+            assert ev.block_hash in self.stored_host, "host BlockRemoved for a hash never stored there"
+            self.stored_host.remove(ev.block_hash)
+        else:
+            self.stored_host.clear()
 
     def teardown(self):
         mgr = self.mgr

@@ -413,8 +413,9 @@ def test_default_workload_size():
 
 def test_builtin_trace_is_generated_once_and_reused(tmp_path):
     trace = builtin_trace("default", tmp_path)
-    files = list(tmp_path.iterdir())
-    assert len(files) == 1 and len(trace) == DEFAULT_WORKLOAD.num_requests
+    files = sorted(tmp_path.iterdir())
+    assert [f.suffix for f in files] == [".jsonl", ".xxh3"]      # the trace and its digest
+    assert len(trace) == DEFAULT_WORKLOAD.num_requests
     stamp = files[0].stat().st_mtime_ns
     builtin_trace("default", tmp_path)
     assert files[0].stat().st_mtime_ns == stamp

@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from ..argtypes import positive_float, positive_int, positive_size, size
+from ..argtypes import model_spec, positive_float, positive_int, positive_size, size
 from ..sizing import DTYPE_BYTES, KVSpec, format_size
 
 # The real tiny model's KV layout (TinyLlamaConfig defaults) and a pool a CPU can hold.
@@ -26,23 +26,6 @@ def _sizes(text: str) -> tuple[int, ...]:
     if not values or values[0] <= 0:
         raise argparse.ArgumentTypeError(f"block sizes must be positive, got {text!r}")
     return values
-
-
-def _model_spec(text: str) -> dict:
-    parts = [p.strip() for p in text.split(",")]
-    if len(parts) not in (3, 4, 5):
-        raise argparse.ArgumentTypeError(f"--model-spec is layers,kv_heads,head_dim[,dtype[,tp]], got {text!r}")
-    try:
-        out = dict(layers=int(parts[0]), kv_heads=int(parts[1]), head_dim=int(parts[2]))
-        if len(parts) > 3:
-            out["dtype"] = parts[3]
-        if len(parts) > 4:
-            out["tensor_parallel"] = int(parts[4])
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--model-spec is layers,kv_heads,head_dim[,dtype[,tp]], got {text!r}") from None
-    if "dtype" in out and out["dtype"] not in DTYPE_BYTES:
-        raise argparse.ArgumentTypeError(f"unknown dtype {out['dtype']!r}")
-    return out
 
 
 def _reserve(text: str):
@@ -196,7 +179,7 @@ def add_bench_command(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--pool", type=positive_size, default=None,
                    help="KV pool bytes, the same for every block size (default 8GiB; engine: 16MiB)")
     p.add_argument("--host-pool", type=size, default=0, help="host swap space in bytes (default 0: recompute)")
-    p.add_argument("--model-spec", type=_model_spec, default=None,
+    p.add_argument("--model-spec", type=model_spec, default=None,
                    help="layers,kv_heads,head_dim[,dtype[,tp]] (default: the notes' 32,8,128,bfloat16; "
                         "engine: the tiny model's 2,2,16,float32)")
     p.add_argument("--layers", type=positive_int, default=None)

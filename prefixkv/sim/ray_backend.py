@@ -11,15 +11,15 @@ import os
 from typing import Callable, Sequence
 
 
-def _remote_cell(label, trace, policy, capacity, mode, warmup):
+def _remote_cell(cell, trace, options):
     from .sweep import replay_cell
 
-    return replay_cell(label, trace, policy, capacity, mode, warmup)
+    return replay_cell(cell, trace, options)
 
 
 def run_cells(sources: Sequence, jobs: Sequence[tuple], finish: Callable[[dict], None], *,
               num_cpus: int | None = None) -> None:
-    """Run ``jobs`` ``(source, policy, capacity, mode, warmup)``, calling ``finish`` with each result
+    """Run ``jobs`` ``(Cell, replay options)``, calling ``finish`` with each result
     as it arrives. On Ctrl-C or an error the pending tasks are cancelled at once; a Ray started
     here is shut down on success or error, and at interpreter exit after an interrupt (it can take
     a few seconds, which the user should not wait for before seeing ``interrupted``)."""
@@ -37,9 +37,8 @@ def run_cells(sources: Sequence, jobs: Sequence[tuple], finish: Callable[[dict],
     try:
         cell = ray.remote(num_cpus=1, max_retries=0)(_remote_cell)
         traces = {s.label: ray.put(s.load()) for s in sources}
-        for source, policy, capacity, mode, warmup in jobs:
-            ref = cell.remote(source.label, traces[source.label], policy, capacity, mode, warmup)
-            pending[ref] = (source.label, policy, capacity)
+        for job, options in jobs:
+            pending[cell.remote(job, traces[job.source.label], options)] = job
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             del pending[done[0]]

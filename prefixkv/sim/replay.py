@@ -10,6 +10,13 @@ Two modes:
   output/decode_rate``; held blocks cannot be evicted; a request that does not
   fit waits (first come, first served) until enough blocks are released.
 
+With ``host_capacity`` blocks of host tier below the device pool, evicted blocks are
+demoted there and hits continue into it (``prefixkv.tiers.host``); the result
+splits hits by tier and counts the promotions (loads), demotions and the bytes
+and modelled time they move (``transfer_cost``: a ``PreemptionCostModel`` whose
+``kv_bytes_per_token`` and link bandwidth price a block; with ``gate`` it also
+refuses host hits dearer than recomputing).
+
 Capacity is counted in blocks of the trace's own block size. A hashed trace's
 every hash id counts as one block access (its last, partly filled block too,
 as the reference simulators count it); a token trace is hashed for real and
@@ -61,6 +68,8 @@ class ReplayResult:
     predictions: int = 0               # measured requests the policy forecast (predict(hint))
     return_auc: float | None = None    # of the forecast return probability (None: no forecasts, or one class)
     arrival_log_error: float | None = None  # mean |ln((1+predicted gap)/(1+actual gap))|, returning sessions
+    host_capacity: int = 0             # host-tier blocks (0: no host tier)
+    host_block_hits: int = 0           # of block_hits, served from the host tier
     extra: dict = field(default_factory=dict)
 
     @property
@@ -87,6 +96,13 @@ class ReplayResult:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.update(block_hit_rate=self.block_hit_rate, token_hit_rate=self.token_hit_rate)
+        if self.host_capacity:
+            device = self.block_hits - self.host_block_hits
+            out["tier_block_hits"] = {"device": device, "host": self.host_block_hits}
+            out["tier_hit_rate"] = {tier: hits / self.block_accesses if self.block_accesses else 0.0
+                                    for tier, hits in out["tier_block_hits"].items()}
+        else:
+            del out["host_capacity"], out["host_block_hits"]
         extra = out.pop("extra")
         out.update(extra)
         return out
@@ -180,7 +196,9 @@ def _next_uses(prompts: Sequence) -> list[list[float]]:
 
 
 def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warmup: float = 0.0,
-           prefill_rate: float = 20_000.0, decode_rate: float = 50.0, hash_seed: int = 0) -> ReplayResult:
+           prefill_rate: float = 20_000.0, decode_rate: float = 50.0, hash_seed: int = 0,
+           host_capacity: int = 0, host_policy: str | Any = "lru", host_inclusive: bool = False,
+           transfer_cost=None, gate: bool = False) -> ReplayResult:
     """Replay ``trace`` with ``policy`` at ``capacity`` blocks; see the module doc."""
     if mode not in ("cache", "concurrent"):
         raise ValueError(f"mode must be 'cache' or 'concurrent', got {mode!r}")
@@ -192,13 +210,20 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
     policy_obj = make_policy(policy) if isinstance(policy, str) else policy
     block_size = trace.block_size
     requests = trace.requests
-    mgr = KVCacheManager(capacity, block_size, policy=policy_obj, hash_seed=hash_seed, track_reuse=True)
+    if host_capacity < 0:
+        raise ValueError(f"host_capacity must be >= 0 blocks, got {host_capacity}")
+    if gate and transfer_cost is None:
+        raise ValueError("the load gate needs a transfer_cost (a PreemptionCostModel)")
+    mgr = KVCacheManager(capacity, block_size, policy=policy_obj, hash_seed=hash_seed, track_reuse=True,
+                         num_host_blocks=host_capacity, host_cache=bool(host_capacity), host_policy=host_policy,
+                         host_inclusive=host_inclusive, load_gate=transfer_cost if gate else None)
     oracle = getattr(policy_obj, "set_next_use", None)
     if name == "belady" and oracle is None:
         raise ValueError("the belady policy needs set_next_use(hash, next_time)")
     prompts = [_prompt_for(mgr, request, block_size) for request in requests]
     next_uses = _next_uses(prompts) if oracle is not None else None
-    result = ReplayResult(policy=name, capacity=capacity, mode=mode, block_size=block_size)
+    result = ReplayResult(policy=name, capacity=capacity, mode=mode, block_size=block_size,
+                          host_capacity=host_capacity)
     result.warmup_requests = int(len(requests) * warmup)
     hints = _hints(requests)
     predict = getattr(policy_obj, "predict", None)
@@ -212,7 +237,27 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
     mgr.check_invariants()
     if forecasts:
         _score_predictions(result, requests, forecasts)
+    if host_capacity:
+        _count_transfers(result, mgr, transfer_cost)
     return result
+
+
+def _count_transfers(result: ReplayResult, mgr: KVCacheManager, cost) -> None:
+    """Promotions, demotions and what they move, over the measured window (after the warm-up)."""
+    at_warmup = result.extra.pop("_tiers_at_warmup", (0, 0, 0))
+    stats = mgr.stats()
+    promotions = stats.loads - at_warmup[0]
+    demotions = stats.demotions - at_warmup[1]
+    result.extra.update(promotions=promotions, demotions=demotions,
+                        loads_refused=stats.loads_refused - at_warmup[2])
+    if cost is not None:
+        moved = (promotions + demotions) * result.block_size * cost.kv_bytes_per_token
+        result.extra.update(transfer_bytes=moved, transfer_s=cost.swap_one_way_s(moved))
+
+
+def _tiers_now(mgr: KVCacheManager) -> tuple[int, int, int]:
+    c = mgr.counters
+    return c["loads"], c["demotions"], c["loads_refused"]
 
 
 def _pool_counters(pool) -> tuple[int, int, int]:
@@ -249,13 +294,17 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
     size = mgr.block_size
     warm = result.warmup_requests
     at_warmup = None
+    tiers = mgr.host is not None
     for i, request in enumerate(requests):
         if i == warm:
             at_warmup = _pool_counters(mgr.pool)
+            if tiers:
+                result.extra["_tiers_at_warmup"] = _tiers_now(mgr)
         prompt, accesses, last_tokens = prompts[i]
         if oracle is not None:
             _tell_oracle(oracle, prompt, next_uses[i])
         hint = _at(hints[i], request.timestamp)
+        loads_before = mgr.counters["loads"] if tiers else 0
         try:
             hit_tokens = mgr.admit(i, prompt, compute_last_token=False)
         except SequenceTooLong:
@@ -264,9 +313,14 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
             if i >= warm:
                 result.oversized_requests += 1
         else:
+            if tiers:      # a replay moves no bytes: the transfers are only counted
+                mgr.take_demotions()
+                mgr.take_loads()
             _free(mgr, i, hint, forecasts, i >= warm)
         if i >= warm:
             result.count(request, accesses, last_tokens, hit_tokens // size)
+            if tiers:
+                result.host_block_hits += mgr.counters["loads"] - loads_before
     _count_cache_traffic(result, mgr.pool, at_warmup)
 
 
@@ -286,6 +340,8 @@ def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequenc
         nonlocal at_warmup
         if at_warmup is None and i >= warm:
             at_warmup = _pool_counters(mgr.pool)
+            if mgr.host is not None:
+                result.extra["_tiers_at_warmup"] = _tiers_now(mgr)
         request = requests[i]
         prompt, accesses, last_tokens = prompts[i]
         out_blocks = -(-(prompt.num_tokens + request.output_length) // size) - (-(-prompt.num_tokens // size))
@@ -298,7 +354,13 @@ def _replay_concurrent(mgr: KVCacheManager, requests: Sequence, prompts: Sequenc
             return True   # can never run: counted as all misses, dropped
         if m.blocks_needed + out_blocks > mgr.num_free_blocks:
             return False
+        loads_before = mgr.counters["loads"]
         hit_tokens = mgr.admit(i, prompt, compute_last_token=False)
+        if mgr.host is not None:
+            mgr.take_demotions()
+            mgr.take_loads()
+            if i >= warm:
+                result.host_block_hits += mgr.counters["loads"] - loads_before
         if request.output_length:
             if request.tokens is not None:
                 # Generated tokens are cached too: the next turn of a chat can hit them.

@@ -97,20 +97,43 @@ class SweepCellError(PrefixKVError):
     """One cell of a sweep failed; the message names its trace, policy and capacity."""
 
 
-def replay_cell(label: str, trace: Trace, policy: str, capacity: int, mode: str, warmup: float) -> dict:
+@dataclass(frozen=True)
+class Cell:
+    """One replay of a sweep: a trace, a policy, a device capacity and a host-tier capacity."""
+
+    source: TraceSource
+    policy: str
+    capacity: int
+    host_capacity: int = 0
+
+    @property
+    def key(self) -> tuple:
+        return self.source.label, self.policy, self.capacity, self.host_capacity
+
+    def describe(self) -> str:
+        host = f", host capacity {self.host_capacity:,}" if self.host_capacity else ""
+        return f"{self.source.label}, policy {self.policy}, capacity {self.capacity:,}{host}"
+
+
+def result_key(result: dict) -> tuple:
+    return result["trace"], result["policy"], result["capacity"], result.get("host_capacity", 0)
+
+
+def replay_cell(cell: Cell, trace: Trace, options: dict) -> dict:
     """One cell's result dict, or ``{"error": message}`` naming the cell: an error record travels
-    back from any worker (process or Ray) as plain data."""
+    back from any worker (process or Ray) as plain data. ``options``: the other ``replay``
+    arguments, the same for every cell."""
     try:
-        result = replay(trace, policy, capacity, mode=mode, warmup=warmup).as_dict()
+        result = replay(trace, cell.policy, cell.capacity, host_capacity=cell.host_capacity, **options).as_dict()
     except Exception as exc:  # noqa: BLE001 - reported with the cell it belongs to
-        return {"error": f"{label}, policy {policy}, capacity {capacity:,}: {type(exc).__name__}: {exc}"}
-    result["trace"] = label
+        return {"error": f"{cell.describe()}: {type(exc).__name__}: {exc}"}
+    result["trace"] = cell.source.label
     return result
 
 
 def _run_cell(job: tuple) -> dict:
-    source, policy, capacity, mode, warmup = job
-    return replay_cell(source.label, source.load(), policy, capacity, mode, warmup)
+    cell, options = job
+    return replay_cell(cell, cell.source.load(), options)
 
 
 def _ignore_sigint() -> None:
@@ -120,13 +143,16 @@ def _ignore_sigint() -> None:
 
 def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: dict[str, list[int]], *,
           mode: str = "cache", warmup: float = 0.0, workers: int | None = None, backend: str = "process",
+          host_capacities: Sequence[int] = (0,), host_policy: str = "lru", transfer_cost=None, gate: bool = False,
           on_done: Callable[[dict], None] | None = None) -> list[dict]:
-    """Replay every (trace, policy, capacity); returns result dicts in a stable order.
+    """Replay every (trace, policy, capacity, host capacity); returns result dicts in a stable order.
 
     ``policies`` are names or specs (``"lrfu:half_life=4"``), not objects: every cell builds its
     own policy, in a worker process (register your class, see ``prefixkv.policies.register``;
     Ray workers do not fork, so plug-ins reach them as entry points). ``workers``: processes of
-    the local pool, or the CPUs of a local Ray (a Ray cluster brings its own)."""
+    the local pool, or the CPUs of a local Ray (a Ray cluster brings its own). ``host_capacities``
+    sweeps the host tier below each device capacity (0: none); ``transfer_cost`` and ``gate`` as
+    in ``replay``."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     bad = [p for p in policies if not isinstance(p, str)]
@@ -137,13 +163,13 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
     if len(set(labels)) < len(labels):
         raise ValueError(f"two traces share the label {next(l for l in labels if labels.count(l) > 1)!r}: "
                          "results are keyed by label")
-    jobs = [(s, p, c, mode, warmup) for s in sources for p in policies for c in capacities[s.label]]
-    # Biggest capacities first: they take longest, and the pool drains evenly.
-    jobs.sort(key=lambda j: -j[2])
+    cells = [Cell(s, p, c, h) for s in sources for p in policies for c in capacities[s.label] for h in host_capacities]
+    order = {cell.key: i for i, cell in enumerate(cells)}
+    options = dict(mode=mode, warmup=warmup, host_policy=host_policy, transfer_cost=transfer_cost, gate=gate)
+    # Biggest caches first: they take longest, and the pool drains evenly.
+    jobs = sorted(((cell, options) for cell in cells), key=lambda j: -(j[0].capacity + j[0].host_capacity))
     if backend == "process":
         workers = workers or min(len(jobs), os.cpu_count() or 1)
-    order = {(s.label, p, c): i for i, (s, p, c, _, _) in
-             enumerate((s, p, c, mode, warmup) for s in sources for p in policies for c in capacities[s.label])}
     results: list[dict] = []
 
     def finish(result: dict) -> None:
@@ -170,24 +196,27 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
                 pool.terminate()      # at once: a failed or interrupted sweep does not wait for queued cells
                 pool.join()
     except KeyboardInterrupt:
-        results.sort(key=lambda r: order[(r["trace"], r["policy"], r["capacity"])])
+        results.sort(key=lambda r: order[result_key(r)])
         raise SweepInterrupted(results, len(jobs)) from None
-    results.sort(key=lambda r: order[(r["trace"], r["policy"], r["capacity"])])
+    results.sort(key=lambda r: order[result_key(r)])
     return results
 
 
 def gap_summary(results: Sequence[dict], bound: str = "belady", baseline: str = "lru") -> list[dict]:
-    """Per (trace, capacity): the best online policy and the share of the baseline->MIN gap it closes."""
-    cells: dict[tuple[str, int], dict[str, float]] = {}
+    """Per (trace, capacity[, host capacity]): the best online policy and the share of the
+    baseline->MIN gap it closes."""
+    cells: dict[tuple[str, int, int], dict[str, float]] = {}
     for r in results:
-        cells.setdefault((r["trace"], r["capacity"]), {})[r["policy"]] = r["block_hit_rate"]
+        cells.setdefault((r["trace"], r["capacity"], r.get("host_capacity", 0)), {})[r["policy"]] = r["block_hit_rate"]
     out = []
-    for (trace, capacity), rates in cells.items():
+    for (trace, capacity, host_capacity), rates in cells.items():
         online = {p: v for p, v in rates.items() if p != bound}
         if not online:
             continue
         best = max(online, key=lambda p: (online[p], p == baseline))
         row = {"trace": trace, "capacity": capacity, "best_policy": best, "best_hit_rate": online[best]}
+        if host_capacity:
+            row["host_capacity"] = host_capacity
         if bound in rates and baseline in rates:
             gap = rates[bound] - rates[baseline]
             row["min_hit_rate"] = rates[bound]
@@ -225,6 +254,32 @@ def plot(results: Sequence[dict], path, bound: str = "belady") -> None:
         ax.set_ylabel("block hit rate (%)")
         ax.set_title(trace)
         ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_host_capacity(results: Sequence[dict], path) -> None:
+    """Hit rate (all tiers) against host-tier capacity, one line per (policy, device capacity);
+    one panel per trace."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    traces = list(dict.fromkeys(r["trace"] for r in results))
+    fig, axes = plt.subplots(1, len(traces), figsize=(6.5 * len(traces), 4.5), squeeze=False)
+    for ax, trace in zip(axes[0], traces):
+        rows = [r for r in results if r["trace"] == trace]
+        for policy, capacity in dict.fromkeys((r["policy"], r["capacity"]) for r in rows):
+            pts = sorted((r.get("host_capacity", 0), 100 * r["block_hit_rate"]) for r in rows
+                         if r["policy"] == policy and r["capacity"] == capacity)
+            ax.plot(*zip(*pts), marker="o", markersize=3, label=f"{policy}, device {capacity:,}")
+        ax.set_xlabel(f"host-tier capacity (blocks of {rows[0]['block_size']} tokens)")
+        ax.set_ylabel("block hit rate, all tiers (%)")
+        ax.set_ylim(0, 100)
+        ax.set_title(trace)
+        ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

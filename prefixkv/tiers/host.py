@@ -1,0 +1,131 @@
+"""The host tier: a pool of host-memory blocks with its own prefix-hash index and policy.
+
+It is one pool for two uses, so ``num_host_blocks`` means one thing everywhere:
+
+* swap space: a swapped-out sequence holds host blocks (refcount 1) until it is
+  swapped back in; with caching on, its full blocks are also published, so a
+  preemption by swap feeds the cache;
+* a cache: a block evicted from the device is *demoted* here (it becomes an
+  evictable cached block of this pool, ordered by its own eviction policy) and a
+  later lookup that continues past the device hits finds it; a hit *promotes*
+  it back to the device. Exclusive by default (a promoted block leaves the host
+  tier once its copy has run); ``inclusive=True`` keeps it.
+
+The pool is a ``BlockPool``, so every registered policy orders it and the same
+conservation holds: active (swap-held or pinned for a load) + evictable cached
++ free uncached = ``num_blocks``. Nothing here moves bytes; the manager records
+``(device, host)`` / ``(host, device)`` pairs for the KV store to run.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable, Sequence
+
+from ..hashing import ExtraKeys
+from ..policies import make_policy
+from ..pool import BlockPool
+
+MEDIUM = "CPU"
+
+
+class HostTier:
+    name = MEDIUM
+    synchronous = True
+
+    def __init__(self, num_blocks: int, block_size: int, *, policy="lru", cache: bool = True,
+                 inclusive: bool = False, record_events: bool = False) -> None:
+        """``cache=False`` keeps today's swap-only host space: nothing is published or found here."""
+        policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.pool = BlockPool(num_blocks, block_size, policy, record_events=record_events, medium=MEDIUM)
+        self.cache = cache
+        self.inclusive = inclusive
+        self.stores = 0            # demotions written here
+        self.dropped = 0           # demotions refused: every host block held by swapped sequences
+        self.hits = 0              # blocks promoted from here
+
+    # -- questions -----------------------------------------------------------
+    @property
+    def capacity_blocks(self) -> int:
+        return self.pool.num_blocks
+
+    @property
+    def num_free(self) -> int:
+        return self.pool.num_free
+
+    def lookup(self, block_hash: Hashable) -> int | None:
+        return self.pool.lookup(block_hash) if self.cache else None
+
+    def count_leading(self, hashes: Sequence[Hashable], start: int = 0) -> int:
+        if not self.cache:
+            return 0
+        get = self.pool.lookup
+        n = 0
+        for h in hashes[start:]:
+            if get(h) is None:
+                break
+            n += 1
+        return n
+
+    def stats(self) -> dict:
+        pool = self.pool
+        return dict(capacity=pool.num_blocks, active=pool.num_active, cached=pool.num_evictable,
+                    free=pool.num_free_uncached, stores=self.stores, dropped=self.dropped, hits=self.hits,
+                    evictions=pool.evictions)
+
+    # -- promotion -----------------------------------------------------------
+    def pin(self, blocks: Sequence[int]) -> None:
+        """Hold blocks a load will read, so no demotion overwrites them before it has run."""
+        self.pool.acquire_hits(blocks)
+        self.hits += len(blocks)
+
+    def unpin(self, blocks: Sequence[int]) -> None:
+        """The loads reading ``blocks`` have run. Exclusive: their hashes leave this tier (the
+        device holds them now); inclusive: they stay cached here."""
+        if not self.inclusive:
+            for block in blocks:
+                if self.pool.ref_count[block] == 1:
+                    self.pool.forget(block)
+        self.pool.release(blocks)
+
+    # -- demotion ------------------------------------------------------------
+    def store(self, block_hash: Hashable, parent_hash: Hashable | None, depth: int, num_tokens: int,
+              extra: ExtraKeys | None = None) -> int | None:
+        """A host block to copy an evicted device block into, published under ``block_hash`` and
+        evictable at once; None when the hash is already here or every host block is held."""
+        pool = self.pool
+        if not self.cache or pool.lookup(block_hash) is not None:
+            return None
+        if not pool.num_free:
+            self.dropped += 1
+            return None
+        (block,) = pool.allocate(1)
+        pool.num_tokens[block] = num_tokens
+        pool.publish(block, block_hash, parent_hash, depth, None, extra)
+        pool.release((block,))
+        self.stores += 1
+        return block
+
+    # -- swap space ----------------------------------------------------------
+    def hold(self, n: int) -> list[int]:
+        """``n`` host blocks for a swapped-out sequence (raises ``OutOfBlocks``, changing nothing)."""
+        return self.pool.allocate(n)
+
+    def publish_held(self, block: int, block_hash: Hashable, parent_hash: Hashable | None, depth: int,
+                     num_tokens: int) -> None:
+        """Cache a swapped-out full block here too (it stays cached after the swap-in)."""
+        if self.cache:
+            self.pool.num_tokens[block] = num_tokens
+            self.pool.publish(block, block_hash, parent_hash, depth)
+
+    def release(self, blocks_in_order: Sequence[int]) -> None:
+        self.pool.release(blocks_in_order)
+
+    def clear(self) -> None:
+        """Forget every cached host block; blocks held by swapped-out sequences stay held."""
+        for block in [b for b, h in enumerate(self.pool.block_hash) if h is not None]:
+            if self.pool.ref_count[block]:
+                self.pool.forget(block)
+        if not self.pool.num_active:
+            self.pool.clear_cache()
+        else:
+            self.pool.evict_all()

@@ -1,0 +1,144 @@
+"""The host tier below the device pool: demotion on eviction, promotion on a hit, exclusive and
+inclusive, the load gate, events per tier, one host pool shared with swap space, failure atomicity."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from prefixkv import BlockRemoved, BlockStored, KVCacheManager, OutOfBlocks
+from prefixkv.costs import PreemptionCostModel
+
+B = 4
+TRACES = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+
+def tiered(num_blocks=4, host=8, **kwargs):
+    return KVCacheManager(num_blocks, B, hash_seed=0, num_host_blocks=host, host_cache=True, **kwargs)
+
+
+def fill(mgr, seq, tokens):
+    hit = mgr.admit(seq, tokens, compute_last_token=False)
+    mgr.free(seq)
+    return hit
+
+
+def test_an_evicted_block_is_demoted_and_a_later_hit_promotes_it():
+    mgr = tiered()
+    a = list(range(16))                       # 4 full blocks: the whole device
+    fill(mgr, "a", a)
+    assert mgr.take_demotions() == [] and mgr.take_loads() == []
+    fill(mgr, "b", list(range(100, 116)))     # evicts all of a's blocks, tail first
+    demoted = mgr.take_demotions()
+    assert len(demoted) == 4 and mgr.stats().demotions == 4
+    assert mgr.host.pool.num_cached == 4
+    m = mgr.match(a, compute_last_token=False)
+    assert (m.hit_blocks, m.lower_hit_blocks, m.blocks_needed) == (4, 4, 4)
+    assert mgr.admit("a2", a, compute_last_token=False) == 16
+    loads = mgr.take_loads()
+    host_of = {dev: host for dev, host in demoted}
+    assert sorted(h for h, _ in loads) == sorted(host_of.values())
+    assert [dev for _, dev in loads] == mgr.block_ids("a2")
+    stats = mgr.stats()
+    assert (stats.loads, stats.host_hit_tokens, stats.hit_tokens) == (4, 16, 16)
+    # exclusive: a's blocks left the host tier; b's, evicted to make room, went down
+    assert mgr.host.count_leading(mgr.prompt(a).block_hashes()) == 0
+    assert mgr.host.count_leading(mgr.prompt(list(range(100, 116))).block_hashes()) == 4
+    mgr.check_invariants()
+
+
+def test_inclusive_keeps_promoted_blocks_on_the_host():
+    mgr = tiered(host_inclusive=True)
+    fill(mgr, "a", list(range(16)))
+    fill(mgr, "b", list(range(100, 116)))
+    mgr.take_demotions()
+    fill(mgr, "a2", list(range(16)))
+    assert len(mgr.take_demotions()) == 4     # b's blocks made room
+    assert len(mgr.take_loads()) == 4 and mgr.host.pool.num_cached == 8   # a's and b's blocks
+    fill(mgr, "b2", list(range(100, 116)))    # a's blocks leave the device: already on the host, no copy
+    assert mgr.take_demotions() == [] and len(mgr.take_loads()) == 4
+    mgr.check_invariants()
+
+
+def test_match_is_read_only_and_a_failed_admission_changes_no_tier():
+    mgr = tiered(num_blocks=4, host=8)
+    fill(mgr, "a", list(range(16)))
+    fill(mgr, "b", list(range(100, 116)))
+    mgr.take_demotions()
+    mgr.admit("held", list(range(200, 208)), compute_last_token=False)   # 2 of 4 device blocks held
+    before = mgr.snapshot()
+    m = mgr.match(list(range(16)) + [1], compute_last_token=False)
+    assert mgr.snapshot() == before and not m.fits and m.lower_hit_blocks == 4
+    with pytest.raises(OutOfBlocks):
+        mgr.admit("a2", list(range(16)) + [1], compute_last_token=False)
+    assert mgr.snapshot() == before
+    mgr.check_invariants()
+
+
+def test_the_load_gate_refuses_host_hits_dearer_than_recomputing():
+    cheap_link = PreemptionCostModel(prefill_tokens_per_s=1.0, link_bytes_per_s=1e12, kv_bytes_per_token=1)
+    slow_link = PreemptionCostModel(prefill_tokens_per_s=1e12, link_bytes_per_s=1.0, kv_bytes_per_token=1)
+    for gate, loads, refused in ((cheap_link, 4, 0), (slow_link, 0, 4)):
+        mgr = tiered(load_gate=gate)
+        fill(mgr, "a", list(range(16)))
+        fill(mgr, "b", list(range(100, 116)))
+        mgr.take_demotions()
+        fill(mgr, "a2", list(range(16)))
+        stats = mgr.stats()
+        assert (stats.loads, stats.loads_refused) == (loads, refused)
+        mgr.take_loads()
+
+
+def test_events_name_the_tier_a_demotion_is_removed_from_the_device_and_stored_on_the_host():
+    mgr = tiered(record_events=True)
+    fill(mgr, "a", list(range(16)))
+    mgr.drain_events()
+    fill(mgr, "b", list(range(100, 116)))
+    events = mgr.drain_events()
+    host_stored = [e for e in events if isinstance(e, BlockStored) and e.medium == "CPU"]
+    device_removed = [e for e in events if isinstance(e, BlockRemoved) and e.medium is None]
+    assert len(host_stored) == 4 and {e.block_hash for e in host_stored} == {e.block_hash for e in device_removed}
+    mgr.take_demotions()
+    fill(mgr, "a2", list(range(16)))
+    mgr.take_loads()
+    events = mgr.drain_events()
+    assert sum(isinstance(e, BlockRemoved) and e.medium == "CPU" for e in events) == 4   # promoted: gone from the host
+    assert sum(isinstance(e, BlockStored) and e.medium is None for e in events) == 4
+
+
+def test_swap_space_and_host_tier_are_one_pool_and_a_swap_feeds_the_cache():
+    mgr = tiered(num_blocks=8, host=8)
+    mgr.admit("a", list(range(16)), compute_last_token=False)
+    copies = mgr.swap_out("a")
+    assert len(copies) == 4 and mgr.num_free_host_blocks == 4
+    assert mgr.host.pool.num_cached == 4          # the swapped blocks are cached on the host too
+    mgr.swap_in("a")
+    mgr.take_loads()
+    mgr.free("a")
+    assert mgr.num_free_host_blocks == 8          # evictable cached host blocks count as free
+    mgr.check_invariants()
+
+
+def test_off_by_default_keeps_todays_swap_space():
+    mgr = KVCacheManager(4, B, hash_seed=0, num_host_blocks=8)
+    fill(mgr, "a", list(range(16)))
+    fill(mgr, "b", list(range(100, 116)))
+    assert mgr.take_demotions() == [] and mgr.host.pool.num_cached == 0
+    with pytest.raises(ValueError, match="host_cache needs host blocks"):
+        KVCacheManager(4, B, host_cache=True)
+
+
+@pytest.mark.skipif(not (TRACES / "conversation_trace.jsonl").exists(), reason="shared traces are not here")
+def test_exclusive_lru_tiers_are_one_lru_stack():
+    """Device 10,000 + host 40,000 (exclusive, LRU, promote on hit, no gate) hits exactly what one
+    LRU of 50,000 hits, and its device hits are LRU 10,000's (an independent 40-line simulation
+    gives 102,290 and 61,046)."""
+    from prefixkv.sim.replay import replay
+    from prefixkv.sim.traces import load_trace
+
+    trace = load_trace(TRACES / "conversation_trace.jsonl")
+    tiers = replay(trace, "lru", 10_000, host_capacity=40_000).as_dict()
+    assert tiers["block_hits"] == replay(trace, "lru", 50_000).block_hits == 102_290
+    assert tiers["tier_block_hits"]["device"] == replay(trace, "lru", 10_000).block_hits == 61_046
+    assert tiers["tier_block_hits"]["host"] == tiers["promotions"] == 41_244
