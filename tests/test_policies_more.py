@@ -619,8 +619,8 @@ class RefPriorityLRU(Ref):
 class RefSession(Ref):
     """The session policy restated block by block. Forecasts: per class (end reason, else turn bucket)
     means (running, then EWMA) of log(1 + gap) and of return outcomes (1: the session came back; 0: not within timeout x gap);
-    per session an EWMA of its own log gaps. A hinted block waits until due = t + g / p (p ** w for turn
-    classes); the latest due goes first, tail (earliest released) first within a release. Overdue, unhinted
+    per session and class an EWMA of its own log gaps. A hinted block waits until due = t + g / p (p ** w for turn
+    classes); the latest due goes first, then the latest hinted release, then the earliest released block. Overdue, unhinted
     and shared blocks are aged: oldest release time first. The oldest aged block goes if now + kappa * its
     age >= the latest due."""
 
@@ -656,21 +656,22 @@ class RefSession(Ref):
             for _, _, name in expired:
                 self.sessions[name]["deadline"] = None
                 self.learn_p(self.sessions[name]["klass"], 0.0)
-        s = self.sessions.setdefault(hint.session, dict(last=None, klass=None, n=0, mu=0.0, deadline=None))
+        s = self.sessions.setdefault(hint.session, dict(last=None, klass=None, mu={}, deadline=None))
         if s["last"] is not None:
             lg = log(1.0 + self.now - s["last"])
             self.mean(self.mu, s["klass"], lg, self.mu_all)
             self.mu_all += self.rate * (lg - self.mu_all)
-            s["mu"] = lg if not s["n"] else s["mu"] + 0.5 * (lg - s["mu"])
-            s["n"] += 1
+            own, n = s["mu"].get(s["klass"], (lg, 0))      # the session's own gaps after this class
+            s["mu"][s["klass"]] = (own + 0.5 * (lg - own), n + 1)
             if s["deadline"] is not None:
                 s["deadline"] = None
                 self.learn_p(s["klass"], 1.0)
         k = self.klass(hint)
         m = self.mu.get(k, (self.mu_all,))[0]
-        if s["n"]:
-            w = s["n"] / (s["n"] + 1.0)
-            m = w * s["mu"] + (1 - w) * m
+        if k in s["mu"]:
+            own, n = s["mu"][k]
+            w = n / (n + 1.0)
+            m = w * own + (1 - w) * m
         p, g = max(self.p.get(k, (0.5,))[0], 0.02), math.exp(m) - 1.0
         s.update(last=self.now, klass=k)
         self.hints += 1
