@@ -149,6 +149,9 @@ class KVCacheManager:
         self._loads: list[tuple[int, int]] = []       # (host block, device block), after demotions
         self._load_pins: list[int] = []               # host blocks the pending loads read
         self._host_release: list[int] = []            # swap-in sources, released once copied
+        # Device blocks whose KV may not be fully written (a caller whose forward can fail midway
+        # tracks them, as the HF cache does): never demoted, so no tier below keeps their bytes.
+        self.unwritten: set[int] | frozenset = frozenset()
         self._counters = dict(admitted=0, query_tokens=0, hit_tokens=0, cow_copies=0, preemptions=0,
                               recomputed_tokens=0, resumed_hit_tokens=0, swaps_out=0, swaps_in=0,
                               swapped_out_blocks=0, swapped_in_blocks=0, host_hit_tokens=0, loads=0,
@@ -734,6 +737,8 @@ class KVCacheManager:
 
     def _demote(self, block: int, block_hash: Hashable) -> None:
         """The device pool evicts ``block``: keep its content on the host tier (``pool.on_evict``)."""
+        if block in self.unwritten:
+            return
         pool = self.pool
         target = self.host.store(block_hash, pool.parent_hash[block], pool.depth[block], pool.num_tokens[block])
         if target is not None:

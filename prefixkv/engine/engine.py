@@ -68,6 +68,7 @@ class Engine:
 
     @classmethod
     def from_model(cls, model, *, num_blocks: int, block_size: int = 16, num_host_blocks: int = 0,
+                   host_cache: bool = False, host_policy="lru",
                    enable_caching: bool = True, policy="lru", hash_seed: int | None = 0,
                    config: SchedulerConfig | None = None, cost_model: PreemptionCostModel | None = None,
                    clock=None, impl: str = "auto", seed: int = 0) -> "Engine":
@@ -75,13 +76,16 @@ class Engine:
         (anything with ``config.kv_spec()``, ``device``, ``forward(ids, positions, attention)``
         and ``logits(hidden)``, like ``TinyLlama``; see ``prefixkv.engine.model.EngineModel``).
         A model that tells its ``vocab_size`` (or ``config.vocab_size``) gets its prompts checked
-        against it. ``seed``: the base of the per-request sampling seeds (see the module docs)."""
+        against it. ``seed``: the base of the per-request sampling seeds (see the module docs).
+        ``num_host_blocks``: pinned host memory for swapping and, with ``host_cache``, the host
+        tier: blocks evicted from the device pool are kept there and loaded back on a later hit."""
         from ..kv.storage import KVStore
         from .executor import ModelExecutor
 
         spec = model.config.kv_spec()
         mgr = KVCacheManager(num_blocks, block_size, policy=policy, hash_seed=hash_seed,
-                             enable_caching=enable_caching, num_host_blocks=num_host_blocks)
+                             enable_caching=enable_caching, num_host_blocks=num_host_blocks,
+                             host_cache=host_cache, host_policy=host_policy)
         store = KVStore(spec, num_blocks, block_size, device=model.device)
         if num_host_blocks:
             store.allocate_host(num_host_blocks)

@@ -39,8 +39,12 @@ class ModelExecutor:
         for op in plan.block_ops:
             if op.kind == "swap_out":
                 store.swap_out(op.pairs)
+            elif op.kind == "demote":
+                store.demote(op.pairs)
             elif op.kind == "swap_in":
                 store.swap_in(op.pairs)
+            elif op.kind == "load":
+                store.load(op.pairs)
             else:
                 store.copy_blocks(op.pairs)
 

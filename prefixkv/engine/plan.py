@@ -11,7 +11,8 @@ executor never touches the manager. The plan carries everything an executor
 needs, already checked to fit the pool:
 
 * ``block_ops``: block copies to run *first*, in order: ``swap_out``
-  (device -> host), ``swap_in`` (host -> device), ``copy`` (copy-on-write);
+  (device -> host), ``demote`` (evicted blocks to the host tier), ``swap_in``
+  (host -> device), ``load`` (host-tier hits), ``copy`` (copy-on-write);
 * ``requests``: per scheduled request, the token ids it computes this step,
   the position of the first one (``start``: tokens already in the cache), one
   physical slot per token, and whether the last one's logits are sampled;
@@ -38,7 +39,7 @@ import numpy as np
 
 from .request import SamplingParams
 
-BlockOpKind = Literal["swap_out", "swap_in", "copy"]
+BlockOpKind = Literal["swap_out", "demote", "swap_in", "load", "copy"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -122,7 +123,8 @@ class StepPlan:
 
     @property
     def swap_blocks(self) -> int:
-        return self.blocks_moved("swap_out") + self.blocks_moved("swap_in")
+        """Blocks crossing the device-host link: swaps and the host tier's demotions and loads."""
+        return sum(self.blocks_moved(kind) for kind in ("swap_out", "demote", "swap_in", "load"))
 
     def packed(self) -> PackedBatch:
         reqs = self.requests

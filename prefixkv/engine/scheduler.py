@@ -291,14 +291,29 @@ class Scheduler:
                 r = self.requests[seq_id]
                 touched.append(r)
                 entries.append(self._admit(r, k, planned_hits[seq_id]))
-            copies = mgr.take_copies()
-            if copies:
-                ops.append(BlockOp("copy", tuple(copies)))
-            return self._plan(entries, ops, rnd.preempt)
+            return self._plan(entries, self._ordered_ops(ops), rnd.preempt)
         except BaseException as exc:
             # Whatever part of the round was applied, its KV will never be written.
             self._fail_requests(touched, exc, published=True)
             raise
+
+    def _ordered_ops(self, ops: list[BlockOp]) -> list[BlockOp]:
+        """The round's block moves in the order they must run: swap-outs and the host tier's
+        demotions read device blocks the round may reuse; swap-ins and loads then write reused
+        blocks; copy-on-write last. (Host blocks that loads and swap-ins read stay held until
+        ``take_loads``, so no demotion of this round overwrites them.)"""
+        mgr = self.mgr
+        demotions, loads, copies = mgr.take_demotions(), mgr.take_loads(), mgr.take_copies()
+        by_kind = {kind: [op for op in ops if op.kind == kind] for kind in ("swap_out", "swap_in")}
+        out = list(by_kind["swap_out"])
+        if demotions:
+            out.append(BlockOp("demote", tuple(demotions)))
+        out += by_kind["swap_in"]
+        if loads:
+            out.append(BlockOp("load", tuple(loads)))
+        if copies:
+            out.append(BlockOp("copy", tuple(copies)))
+        return out
 
     def _preempt(self, r: Request, mode: str, ops: list[BlockOp]) -> None:
         if mode == "swap":
@@ -346,7 +361,10 @@ class Scheduler:
         if live > planned_hit:
             pool, hashes = mgr.pool, prompt.block_hashes()
             active = 0
-            while active < live // size and pool.ref_count[pool.lookup(hashes[active])]:
+            while active < live // size:
+                block = pool.lookup(hashes[active])     # None: a host-tier hit, loaded at admission
+                if block is None or not pool.ref_count[block]:
+                    break
                 active += 1
             live = min(live, max(planned_hit, active * size))
         upto = min(live + k, len(r.tokens))
@@ -424,6 +442,9 @@ class Scheduler:
         for r in requests:
             if r.request_id in self.requests:
                 self._release(r, RequestStatus.FAILED, "error", exc)
+        # Block moves of a round that will not run: dropped (the host blocks loads read are freed).
+        self.mgr.take_demotions()
+        self.mgr.take_loads()
         if published and self.mgr.enable_caching:
             # Blocks published this step hold KV that was never (fully) written. The manager
             # cannot forget single hashes, so forget them all; requests holding blocks go back

@@ -229,7 +229,9 @@ class PrefixKVStore:
     Give ``num_blocks`` or ``pool_bytes`` (e.g. ``"2GiB"``). ``dtype`` and
     ``device`` default to the model's. ``impl`` is passed to
     ``paged_attention`` in paged mode. ``hash_seed``, ``policy``, ``verify``
-    and ``enable_caching`` go to ``KVCacheManager``.
+    and ``enable_caching`` go to ``KVCacheManager``. ``num_host_blocks`` with
+    ``host_cache=True`` adds the host tier: blocks evicted from the device pool
+    are kept in (pinned) host memory and loaded back on a later hit.
 
     **One store per model.** Cached KV is only valid for the weights that
     computed it, and prefix hits are looked up by token ids alone. A store is
@@ -245,7 +247,8 @@ class PrefixKVStore:
     def __init__(self, model, *, num_blocks: int | None = None, pool_bytes: int | str | None = None,
                  block_size: int = 16, dtype: torch.dtype | str | None = None, device=None, policy="lru",
                  hash_seed: int | None = None, verify: bool = False, enable_caching: bool = True,
-                 impl: str = "auto") -> None:
+                 impl: str = "auto", num_host_blocks: int = 0, host_cache: bool = False,
+                 host_policy="lru") -> None:
         self.spec = model_kv_spec(model, dtype)
         if device is None:
             device = getattr(model, "device", "cpu")
@@ -257,14 +260,25 @@ class PrefixKVStore:
             self.kv = KVStore(self.spec, num_blocks, block_size, device)
         self.block_size = block_size
         self.manager = KVCacheManager(self.kv.num_blocks, block_size, policy=policy, hash_seed=hash_seed,
-                                      verify=verify, enable_caching=enable_caching)
+                                      verify=verify, enable_caching=enable_caching,
+                                      num_host_blocks=num_host_blocks, host_cache=host_cache,
+                                      host_policy=host_policy)
+        if num_host_blocks:
+            self.kv.allocate_host(num_host_blocks)
         self.impl = impl
         # Blocks whose hash may be published but whose KV is not known to be completely written.
         self.pending: set[int] = set()
+        self.manager.unwritten = self.pending          # the host tier never keeps such a block
         self._ids = itertools.count()
         # The model whose KV this store holds (weak: the store does not keep a model alive).
         self._model_ref = weakref.ref(model) if isinstance(model, torch.nn.Module) else None
         self._kv_written = False     # once True, the binding is fixed until reset()
+
+    def run_transfers(self) -> None:
+        """The manager's pending block moves, in order: demotions to the host tier, loads of
+        host-tier hits, copy-on-write copies."""
+        manager = self.manager
+        self.kv.transfer(manager.take_demotions(), manager.take_loads(), manager.take_copies())
 
     def cache(self, model, mode: str = "gather") -> "PrefixKVCache":
         """A new ``PrefixKVCache`` on this store for ``model`` (the model you call ``generate`` on)."""
@@ -657,6 +671,7 @@ class PrefixKVCache(Cache):
                     raise ValueError(f"row {b} is all padding")
                 seq = store._new_seq_id()
                 hit = manager.admit(seq, tokens)
+                store.run_transfers()          # host-tier demotions and loads before any write
                 rows.append(_Row(seq, pad, tokens, 0, 0))
                 table = manager.block_ids(seq)
                 trusted = 0
@@ -860,7 +875,7 @@ class PrefixKVCache(Cache):
                     manager.append(seq, new)
         for row, new in zip(self._rows, news):
             row.tokens.extend(new)
-        store.kv.copy_blocks(manager.take_copies())   # copy-on-write before this step's writes
+        store.run_transfers()    # host-tier demotions and loads, then copy-on-write, before this step's writes
         for row in self._rows:
             table = manager.block_ids(row.seq)
             store.pending.update(table[row.written // size:])

@@ -287,10 +287,10 @@ class KVStore:
         self.copy_blocks(copies)
 
     def _to_host(self, pairs: Sequence[tuple[int, int]], what: str) -> int:
-        host = self._need_host()
         src, dst = _resolve_copies(pairs, chained=False)
         if not dst:
             return 0
+        host = self._need_host()
         if self.device.type == "cpu":
             self._check_range(src, f"{what} device block", self.num_blocks)
             self._check_range(dst, f"{what} host block", host.shape[2])
@@ -304,10 +304,10 @@ class KVStore:
         return len(dst)
 
     def _to_device(self, pairs: Sequence[tuple[int, int]], what: str) -> int:
-        host = self._need_host()
         src, dst = _resolve_copies(pairs, chained=False)
         if not dst:
             return 0
+        host = self._need_host()
         if self.device.type == "cpu":
             self._check_range(src, f"{what} host block", host.shape[2])
             self._check_range(dst, f"{what} device block", self.num_blocks)
