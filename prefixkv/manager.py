@@ -149,6 +149,7 @@ class KVCacheManager:
         self._loads: list[tuple[int, int]] = []       # (host block, device block), after demotions
         self._load_pins: list[int] = []               # host blocks the pending loads read
         self._host_release: list[int] = []            # swap-in sources, released once copied
+        self._evicted: list[tuple] = []               # evicted device blocks not yet demoted
         # Device blocks whose KV may not be fully written (a caller whose forward can fail midway
         # tracks them, as the HF cache does): never demoted, so no tier below keeps their bytes.
         self.unwritten: set[int] | frozenset = frozenset()
@@ -357,6 +358,8 @@ class KVCacheManager:
             pool.acquire_hits(hits)
         num_hits = len(hits)
         fresh = pool.allocate(total - num_hits + len(lower))
+        if self._evicted:
+            self._store_evicted()
         size = self.block_size
         n = prompt.num_tokens
         num_tokens = pool.num_tokens
@@ -378,8 +381,14 @@ class KVCacheManager:
             seq.tokens = array(TOKEN_TYPECODE, prompt.tokens)
         seq.hashes = list(hashes)
         if self.enable_caching:
-            for i, _ in lower:           # loaded blocks enter the device cache now; bytes follow in take_loads
-                self._publish(seq, i, i + 1)
+            # loaded blocks enter the device cache now (their bytes follow in take_loads), then the
+            # fresh ones; a run of loads with no device hit inside is published in one call
+            first, last = lower[0][0] if lower else 0, lower[-1][0] if lower else -1
+            if lower and last - first + 1 == len(lower):
+                self._publish(seq, first, last + 1)
+            else:
+                for i, _ in lower:
+                    self._publish(seq, i, i + 1)
             self._publish(seq, num_hits, n // size)
         counters = self._counters
         counters["loads"] += len(lower)
@@ -501,6 +510,8 @@ class KVCacheManager:
                 raise OutOfBlocks(needed, pool.num_free, f"append of {k} token(s)")
         table = seq.table
         blocks = pool.allocate(needed) if needed else []
+        if self._evicted:
+            self._store_evicted()
         size = self.block_size
         n = seq.num_tokens
         if cow:
@@ -736,14 +747,19 @@ class KVCacheManager:
         return loads
 
     def _demote(self, block: int, block_hash: Hashable) -> None:
-        """The device pool evicts ``block``: keep its content on the host tier (``pool.on_evict``)."""
-        if block in self.unwritten:
-            return
-        pool = self.pool
-        target = self.host.store(block_hash, pool.parent_hash[block], pool.depth[block], pool.num_tokens[block])
-        if target is not None:
-            self._demotions.append((block, target))
-            self._counters["demotions"] += 1
+        """The device pool evicts ``block`` (``pool.on_evict``): note what the host tier needs to
+        keep it, before the block is reused; ``_store_evicted`` demotes the batch."""
+        if block not in self.unwritten:
+            pool = self.pool
+            self._evicted.append((block, block_hash, pool.parent_hash[block], pool.depth[block],
+                                  pool.num_tokens[block]))
+
+    def _store_evicted(self) -> None:
+        """Demote the blocks the last allocation evicted, as one batch."""
+        evicted, self._evicted = self._evicted, []
+        demotions = self.host.store_many(evicted)
+        self._demotions.extend(demotions)
+        self._counters["demotions"] += len(demotions)
 
     def drain_events(self) -> list[KVEvent]:
         events = self.pool.drain_events()

@@ -105,6 +105,33 @@ class HostTier:
         self.stores += 1
         return block
 
+    def store_many(self, evicted: list[tuple]) -> list[tuple[int, int]]:
+        """Demote a batch of evicted device blocks, ``(device block, hash, parent, depth, tokens)``
+        in eviction order; returns the ``(device block, host block)`` copies to run. Hashes
+        already here are skipped; when fewer host blocks are free than needed, the most
+        recently evicted are kept (the rest are dropped and counted). One allocation and one
+        release for the batch, in eviction order, so the host policy sees them oldest first."""
+        pool = self.pool
+        if not self.cache:
+            return []
+        lookup = pool.lookup
+        todo = [entry for entry in evicted if lookup(entry[1]) is None]
+        room = pool.num_free
+        if len(todo) > room:
+            self.dropped += len(todo) - room
+            todo = todo[len(todo) - room:]
+        if not todo:
+            return []
+        blocks = pool.allocate(len(todo))
+        num_tokens = pool.num_tokens
+        publish = pool.publish
+        for block, (_, block_hash, parent_hash, depth, tokens) in zip(blocks, todo):
+            num_tokens[block] = tokens
+            publish(block, block_hash, parent_hash, depth)
+        pool.release(blocks)
+        self.stores += len(blocks)
+        return [(entry[0], block) for entry, block in zip(todo, blocks)]
+
     # -- swap space ----------------------------------------------------------
     def hold(self, n: int) -> list[int]:
         """``n`` host blocks for a swapped-out sequence (raises ``OutOfBlocks``, changing nothing)."""
