@@ -142,3 +142,24 @@ def test_exclusive_lru_tiers_are_one_lru_stack():
     assert tiers["block_hits"] == replay(trace, "lru", 50_000).block_hits == 102_290
     assert tiers["tier_block_hits"]["device"] == replay(trace, "lru", 10_000).block_hits == 61_046
     assert tiers["tier_block_hits"]["host"] == tiers["promotions"] == 41_244
+
+
+def test_replay_and_compare_report_every_tier(tmp_path, capsys):
+    import json
+
+    from prefixkv.cli import main
+
+    assert main(["replay", "--capacity", "200", "--host-capacity", "800", "--cost-params", "h200", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    tiers = r["tier_block_hits"]
+    assert tiers["device"] + tiers["host"] == r["block_hits"] and tiers["host"] == r["promotions"] > 0
+    assert r["tier_hit_rate"]["host"] == pytest.approx(tiers["host"] / r["block_accesses"])
+    assert r["demotions"] > 0 and r["transfer_bytes"] == (r["promotions"] + r["demotions"]) * 16 * 131072
+    assert r["transfer_s"] == pytest.approx(r["transfer_bytes"] / (25 * 2**30))
+    plot = tmp_path / "host.png"
+    assert main(["compare", "--policies", "lru", "--capacities", "200", "--host-capacity", "0,400,800",
+                 "--workers", "1", "--json", "--plot", str(plot)]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    rates = [r["block_hit_rate"] for r in rows]
+    assert [r.get("host_capacity", 0) for r in rows] == [0, 400, 800]
+    assert rates[0] < rates[1] < rates[2] and plot.stat().st_size > 0
