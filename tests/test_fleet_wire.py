@@ -83,3 +83,23 @@ def test_garbage_is_a_wire_error():
         wire.decode_batch(b"\x01\x02")
     with pytest.raises(wire.WireError, match="8 bytes"):
         wire.seq_from(b"\x00")
+
+
+def test_host_tier_events_keep_their_medium_on_the_wire():
+    from prefixkv import KVCacheManager
+    from prefixkv.fleet.wire import to_wire
+
+    mgr = KVCacheManager(4, 4, hash_seed=0, num_host_blocks=8, host_cache=True, record_events=True)
+    for seq, tokens in (("a", list(range(16))), ("b", list(range(100, 116)))):
+        mgr.admit(seq, tokens, compute_last_token=False)
+        mgr.free(seq)
+    events = to_wire(mgr.drain_events(), block_size=4)
+    stored: dict = {}
+    for e in events:
+        if type(e).__name__ == "BlockStored":
+            stored.setdefault(e.medium, []).extend(e.block_hashes)
+    removed = [h for e in events if type(e).__name__ == "BlockRemoved" for h in e.block_hashes]
+    # a's four blocks: stored on the GPU, evicted by b (removed from the GPU), stored on the CPU
+    assert len(stored["GPU"]) == 8 and len(stored["CPU"]) == 4
+    assert sorted(stored["CPU"]) == sorted(removed) == sorted(stored["GPU"][:4])
+    assert {e.medium for e in events if type(e).__name__ == "BlockRemoved"} == {"GPU"}

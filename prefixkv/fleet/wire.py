@@ -156,10 +156,16 @@ def to_wire(events: Iterable, *, block_size: int, medium: str = MEDIUM_GPU,
     ``tokens`` maps a block hash to its token ids where the caller knows them
     (``block_tokens(prompt)``); a chain with a block of unknown tokens is sent with
     ``token_ids=[]`` (prefixkv's events do not carry tokens; see the fleet README).
+    Each event keeps its tier: a core event's own ``medium`` (``"CPU"`` for the host tier)
+    wins, and the device pool's (``None``) becomes ``medium``.
     """
     out: list[KVCacheEvent] = []
     run: list[CoreStored] = []
     removed: list = []
+    removed_medium = [medium]
+
+    def medium_of(event) -> str:
+        return getattr(event, "medium", None) or medium
 
     def flush_run() -> None:
         if not run:
@@ -177,23 +183,27 @@ def to_wire(events: Iterable, *, block_size: int, medium: str = MEDIUM_GPU,
         lora = None if extra is None or extra.adapter is None else str(extra.adapter)
         parent = run[0].parent_hash
         out.append(BlockStored(block_hashes=hashes, parent_block_hash=None if parent is None else _hash(parent),
-                               token_ids=ids, block_size=block_size, lora_id=None, medium=medium,
+                               token_ids=ids, block_size=block_size, lora_id=None, medium=medium_of(run[0]),
                                lora_name=lora))
         run.clear()
 
     def flush_removed() -> None:
         if removed:
-            out.append(BlockRemoved(block_hashes=list(removed), medium=medium))
+            out.append(BlockRemoved(block_hashes=list(removed), medium=removed_medium[0]))
             removed.clear()
 
     for event in events:
         if isinstance(event, CoreStored):
             flush_removed()
-            if run and (event.parent_hash != run[-1].block_hash or event.extra_keys != run[-1].extra_keys):
+            if run and (event.parent_hash != run[-1].block_hash or event.extra_keys != run[-1].extra_keys
+                        or medium_of(event) != medium_of(run[-1])):
                 flush_run()
             run.append(event)
         elif isinstance(event, CoreRemoved):
             flush_run()
+            if removed and medium_of(event) != removed_medium[0]:
+                flush_removed()
+            removed_medium[0] = medium_of(event)
             removed.append(_hash(event.block_hash))
         elif isinstance(event, CoreCleared):
             flush_run()
