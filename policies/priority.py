@@ -137,6 +137,16 @@ class PriorityPolicy(PolicyBase):
                 self._put_aside(block, protection)
 
     # -- events ------------------------------------------------------------------
+    def on_hint(self, hint) -> None:
+        """Session hints go through to the inner policy (it reads ``pool.hint`` itself)."""
+        on_hint = getattr(self.inner, "on_hint", None)
+        if on_hint is not None:
+            on_hint(hint)
+
+    def predict(self, hint):
+        predict = getattr(self.inner, "predict", None)
+        return None if predict is None else predict(hint)
+
     def on_cached(self, block: int) -> None:
         self._events += 1
         self.inner.on_cached(block)

@@ -258,3 +258,18 @@ def weka_sample():
     if not path.is_dir():
         pytest.skip(f"{path} is not here")
     return path
+
+
+def test_the_priority_wrapper_passes_hints_to_its_inner_policy():
+    from prefixkv.policies import PriorityPolicy
+
+    inner = SessionPolicy()
+    policy = PriorityPolicy(inner, min_priority=5)
+    mgr = KVCacheManager(16, 2, policy=policy, hash_seed=0)
+    for i, t in enumerate((0.0, 30.0, 60.0)):
+        mgr.admit(i, [1, 2, 3, 4 + i])
+        mgr.free(i, hint=SessionHint("s", end="tool_use", time=t))
+    assert policy.predict(SessionHint("s", end="tool_use")) == inner.predict(SessionHint("s", end="tool_use"))
+    assert 20.0 < inner.predict(SessionHint("s", end="tool_use"))[1] < 40.0
+    mgr.check_invariants()
+    assert PriorityPolicy(LRUPolicy()).predict(SessionHint("s")) is None
