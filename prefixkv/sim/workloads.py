@@ -82,6 +82,8 @@ class WorkloadConfig:
     fewshot_output_tokens: tuple[int, int] = (5, 100)
     # agent
     agent_steps: float = 5.0                # mean steps per agent loop (geometric)
+    agent_turns: float = 1.0                # mean user turns per agent session (geometric; 1: one loop)
+    agent_think_time: float = 30.0          # mean gap after an agent's end_turn, before the user's next turn
     task_tokens: tuple[int, int] = (50, 300)
     action_tokens: tuple[int, int] = (20, 150)
     tool_output_tokens: tuple[int, int] = (50, 600)
@@ -97,10 +99,10 @@ class WorkloadConfig:
         for name in ("session_rate",):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("think_time", "tool_time", "tenant_zipf", "template_zipf"):
+        for name in ("think_time", "tool_time", "agent_think_time", "tenant_zipf", "template_zipf"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("chat_turns", "agent_steps"):
+        for name in ("chat_turns", "agent_steps", "agent_turns"):
             if not getattr(self, name) >= 1:
                 raise ValueError(f"{name} (a mean count) must be >= 1, got {getattr(self, name)}")
         for f in fields(self):
@@ -128,7 +130,9 @@ One LRU replay at block size 16 takes about 25 ms."""
 BUILTIN_WORKLOADS: dict[str, WorkloadConfig] = {
     "default": DEFAULT_WORKLOAD,
     "chat": replace(DEFAULT_WORKLOAD, name="chat", mix=(("chat", 1.0),)),
-    "agent": replace(DEFAULT_WORKLOAD, name="agent", mix=(("agent", 1.0),)),
+    # agent sessions of several user turns: short tool gaps inside a turn, long ones between turns
+    "agent": replace(DEFAULT_WORKLOAD, name="agent", mix=(("agent", 1.0),), agent_turns=3.0, tool_time=2.0,
+                     agent_think_time=60.0),
     "large": replace(DEFAULT_WORKLOAD, name="large", num_requests=5000, num_tenants=32),
 }
 
@@ -169,9 +173,9 @@ class _Generator:
         out: list[tuple[float, int, int, TraceRequest]] = []
         t = start
 
-        def emit(output: list[int]) -> None:
+        def emit(output: list[int], stop: str = "end_turn") -> None:
             request = TraceRequest(round(t, 6), len(prompt), len(output), None, list(prompt), output, salt,
-                                   session=label, kind=kind)
+                                   session=label, kind=kind, stop=stop, turn=len(out))
             out.append((request.timestamp, index, len(out), request))
 
         if kind == "chat":
@@ -183,14 +187,23 @@ class _Generator:
                 emit(output)
                 prompt += output
         elif kind == "agent":
+            # An agent loop: each step ends in a tool call (stop "tool_use", the next step follows
+            # after the tool's time) until the last, which hands back to the user ("end_turn");
+            # with agent_turns > 1 the user comes back after a think time with a new instruction.
             prompt += self.tokens(c.task_tokens)
-            for step in range(int(rng.geometric(1.0 / c.agent_steps))):
-                if step:
-                    t += float(rng.exponential(c.tool_time))
-                output = self.tokens(c.action_tokens)
-                emit(output)
-                prompt += output
-                prompt += self.tokens(c.tool_output_tokens)
+            turns = 1 if c.agent_turns == 1 else int(rng.geometric(1.0 / c.agent_turns))
+            for turn in range(turns):
+                if turn:
+                    t += float(rng.exponential(c.agent_think_time))
+                    prompt += self.tokens(c.user_tokens)
+                steps = int(rng.geometric(1.0 / c.agent_steps))
+                for step in range(steps):
+                    if step:
+                        t += float(rng.exponential(c.tool_time))
+                    output = self.tokens(c.action_tokens)
+                    emit(output, "tool_use" if step < steps - 1 else "end_turn")
+                    prompt += output
+                    prompt += self.tokens(c.tool_output_tokens)
         elif kind == "fewshot":
             template = int(rng.choice(c.templates_per_tenant, p=self.template_p))
             prompt += self.templates[tenant][template]
