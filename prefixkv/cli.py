@@ -474,9 +474,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .bench.cli import add_bench_command
     from .fleet.cli import add_fleet_command
+    from .tiers.cli import add_tier_command
     add_generate_command(sub)
     add_bench_command(sub)
     add_fleet_command(sub)
+    add_tier_command(sub)
     return parser
 
 
@@ -504,6 +506,10 @@ def add_generate_command(subparsers) -> None:
                                                                "is reported (default 3)")
     p.add_argument("--threads", type=positive_int, default=1,
                    help="torch CPU threads (default 1: the model is tiny, more threads mostly add waiting)")
+    p.add_argument("--remote", metavar="URL", default=None,
+                   help="a shared remote tier for the cache-on runs (redis://host:port/db, unix:///path.sock, "
+                        "redis+cluster://host:port,...): prefixes other runs or replicas computed are loaded "
+                        "from it, verified; implies a host tier of 2 x --num-blocks")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_generate)
 

@@ -123,6 +123,8 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.hasher = BlockHasher(block_size, seed=hash_seed, algorithm=hash_algorithm)
+        # A shared (remote) tier needs hashes every replica agrees on: only a pinned seed gives them.
+        self.hash_seed_pinned = hash_seed is not None
         self.pool = BlockPool(num_blocks, block_size, policy, verify=verify, record_events=record_events,
                               track_reuse=track_reuse)
         self._seqs: dict[Hashable, _Sequence] = {}
@@ -153,6 +155,9 @@ class KVCacheManager:
         # Device blocks whose KV may not be fully written (a caller whose forward can fail midway
         # tracks them, as the HF cache does): never demoted, so no tier below keeps their bytes.
         self.unwritten: set[int] | frozenset = frozenset()
+        # Write-back hook of a remote tier (``record_published``): blocks published from KV this
+        # process computes (not loaded from a tier below), for ``take_published``. None: off.
+        self._published: list[tuple] | None = None
         self._counters = dict(admitted=0, query_tokens=0, hit_tokens=0, cow_copies=0, preemptions=0,
                               recomputed_tokens=0, resumed_hit_tokens=0, swaps_out=0, swaps_in=0,
                               swapped_out_blocks=0, swapped_in_blocks=0, host_hit_tokens=0, loads=0,
@@ -385,10 +390,10 @@ class KVCacheManager:
             # fresh ones; a run of loads with no device hit inside is published in one call
             first, last = lower[0][0] if lower else 0, lower[-1][0] if lower else -1
             if lower and last - first + 1 == len(lower):
-                self._publish(seq, first, last + 1)
+                self._publish(seq, first, last + 1, record=False)
             else:
                 for i, _ in lower:
-                    self._publish(seq, i, i + 1)
+                    self._publish(seq, i, i + 1, record=False)
             self._publish(seq, num_hits, n // size)
         counters = self._counters
         counters["loads"] += len(lower)
@@ -397,10 +402,12 @@ class KVCacheManager:
             counters["host_hit_tokens"] += len(lower) * size
         return num_hits * size
 
-    def _publish(self, seq: _Sequence, first: int, stop: int) -> None:
-        """Publish the sequence's full blocks ``first .. stop-1`` (their hashes are known)."""
+    def _publish(self, seq: _Sequence, first: int, stop: int, record: bool = True) -> None:
+        """Publish the sequence's full blocks ``first .. stop-1`` (their hashes are known).
+        ``record=False``: loaded from a lower tier, so not offered for write-back."""
         if not seq.publishable or first >= stop:
             return
+        published = self._published if record else None
         pool = self.pool
         hashes = seq.hashes
         table = seq.table
@@ -413,6 +420,8 @@ class KVCacheManager:
             if not publish(table[i], hashes[i], hashes[i - 1] if i else None, i, content, extra):
                 seq.publishable = False  # a collision: later blocks would chain from it
                 return
+            if published is not None:
+                published.append((table[i], hashes, i, seq.tokens, seq.extra))
         if len(hashes) < stop:
             seq.publishable = False
 
@@ -725,6 +734,31 @@ class KVCacheManager:
         """Pending (src, dst) block copies from copy-on-write, oldest first; clears them."""
         copies, self._copies = self._copies, []
         return copies
+
+    def record_published(self, on: bool = True) -> None:
+        """Start (or stop) recording blocks published from computed KV, for a write-back tier."""
+        self._published = [] if on else None
+
+    def take_published(self) -> list[tuple]:
+        """Blocks published since the last call (with ``record_published()``), oldest first; clears
+        them. Each is ``(device block, hashes, index, tokens, extra)``: ``hashes[index]`` is the
+        block's hash and ``hashes[:index + 1]`` its chain (the sequence's own list, only ever
+        appended to), ``tokens`` its sequence's token array (None for a prompt of precomputed
+        hashes) and ``extra`` its extra keys. Blocks loaded from the host tier are left out.
+        A block's KV is written by the end of the step that published it (the manager's
+        contract); by the time it is read the block may have been evicted and reused, so a
+        reader checks ``pool.block_hash[block] == hashes[index]`` first."""
+        if self._published is None:
+            return []
+        out, self._published = self._published, []
+        return out
+
+    @property
+    def takes_lower_hits(self) -> bool:
+        """Whether admissions take host-tier hits (a host cache, no verify mode, the load gate
+        passes): a tier below the host tier is only reachable through them."""
+        host = self.host
+        return host is not None and host.cache and not self.pool.verify and self._take_lower
 
     def take_demotions(self) -> list[tuple[int, int]]:
         """Pending (device block, host block) copies of blocks evicted to the host tier; clears

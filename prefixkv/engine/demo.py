@@ -47,18 +47,27 @@ def _run(model, prompts, args, caching: bool):
     from .request import SamplingParams
     from .scheduler import SchedulerConfig
 
+    remote = getattr(args, "remote", None) if caching else None
     engine = Engine.from_model(
         model, num_blocks=args.num_blocks, block_size=args.block_size, enable_caching=caching,
         config=SchedulerConfig(max_num_batched_tokens=args.budget, max_num_seqs=args.max_seqs),
-        clock=WallClock(), seed=args.seed)
+        clock=WallClock(), seed=args.seed, remote=remote)
     # No per-request seed: each request gets its own stream from the engine's seed.
     sampling = SamplingParams(temperature=args.temperature)
-    start = time.perf_counter()
-    outputs = engine.generate(prompts, max_new_tokens=args.max_new_tokens, sampling=sampling)
-    wall = time.perf_counter() - start
-    engine.manager.check_invariants()
-    summary = engine.summary(wall_s=wall)
-    summary["prefill_tokens_saved"] = summary["prefix_hit_tokens"]
+    try:
+        start = time.perf_counter()
+        outputs = engine.generate(prompts, max_new_tokens=args.max_new_tokens, sampling=sampling)
+        wall = time.perf_counter() - start
+        engine.manager.check_invariants()
+        summary = engine.summary(wall_s=wall)
+        summary["prefill_tokens_saved"] = summary["prefix_hit_tokens"]
+        if engine.remote is not None:
+            stats = engine.remote.stats()
+            summary["remote"] = {k: stats[k] for k in ("url", "fingerprint", "staged_blocks", "queued_blocks",
+                                                       "store_rejected", "store_nodes_down", "store_dropped_full")}
+            summary["remote"]["host_hit_tokens"] = engine.manager.stats().host_hit_tokens
+    finally:
+        engine.close()          # flushes the remote tier's queued writes (bounded)
     return outputs, summary
 
 
@@ -137,6 +146,12 @@ def print_report(result: dict) -> None:
     for label, key, kind in rows:
         print(f"{label:<{width}}  {_fmt(result['cache_on'][key], kind):>12}  "
               f"{_fmt(result['cache_off'][key], kind):>12}")
+    remote = result["cache_on"].get("remote")
+    if remote:
+        print(f"remote tier {remote['url']} (fingerprint {remote['fingerprint']}): "
+              f"{remote['staged_blocks']:,} blocks loaded (verified), {remote['queued_blocks']:,} queued for "
+              f"writing, {remote['host_hit_tokens']:,} prompt tokens served below the device; refused values "
+              f"{remote['store_rejected'] or 'none'}, nodes down {remote['store_nodes_down']}")
     print(f"outputs identical: {'yes' if result['outputs_identical'] else 'NO'}")
     if result["speedup"]:
         print(f"end-to-end speed-up with the prefix cache: {result['speedup']:.2f}x")

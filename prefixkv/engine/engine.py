@@ -51,10 +51,21 @@ class StepResult:
 
 
 class Engine:
-    def __init__(self, scheduler: Scheduler, executor: Executor, *, clock=None, seed: int = 0) -> None:
-        """``seed``: the base of the per-request sampling seeds of requests that give none."""
+    def __init__(self, scheduler: Scheduler, executor: Executor, *, clock=None, seed: int = 0,
+                 remote=None) -> None:
+        """``seed``: the base of the per-request sampling seeds of requests that give none.
+        ``remote``: a ``prefixkv.tiers.remote.RemoteTier`` on the scheduler's manager and the
+        executor's KV store (``from_model(remote=URL)`` builds one): prefetched before each step's
+        admissions, written back after each step; ``close()`` flushes and closes it."""
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+        if remote is not None and remote.manager is not scheduler.mgr:
+            raise ValueError("the remote tier was built for another manager than the scheduler's")
+        self.remote = remote
+        self._remote_step = None
+        if remote is not None:
+            from .remote import RemoteStep
+            self._remote_step = RemoteStep(remote)
         self.scheduler = scheduler
         self.executor = executor
         self.clock = clock or WallClock()
@@ -71,18 +82,38 @@ class Engine:
                    host_cache: bool = False, host_policy="lru",
                    enable_caching: bool = True, policy="lru", hash_seed: int | None = 0,
                    config: SchedulerConfig | None = None, cost_model: PreemptionCostModel | None = None,
-                   clock=None, impl: str = "auto", seed: int = 0) -> "Engine":
+                   clock=None, impl: str = "auto", seed: int = 0, remote: str | None = None,
+                   remote_config=None) -> "Engine":
         """Manager, KV store (on the model's device), scheduler and model executor for ``model``
         (anything with ``config.kv_spec()``, ``device``, ``forward(ids, positions, attention)``
         and ``logits(hidden)``, like ``TinyLlama``; see ``prefixkv.engine.model.EngineModel``).
         A model that tells its ``vocab_size`` (or ``config.vocab_size``) gets its prompts checked
         against it. ``seed``: the base of the per-request sampling seeds (see the module docs).
         ``num_host_blocks``: pinned host memory for swapping and, with ``host_cache``, the host
-        tier: blocks evicted from the device pool are kept there and loaded back on a later hit."""
+        tier: blocks evicted from the device pool are kept there and loaded back on a later hit.
+        ``remote``: a shared block store below the host tier (``redis://host:port/db``,
+        ``unix:///path.sock``, ``redis+cluster://host:port,...``; extra ``[redis]``), see
+        ``prefixkv.tiers.remote``. It implies the host tier (``host_cache=True``), sized
+        ``2 * num_blocks`` when ``num_host_blocks`` is 0, and a pinned hash seed: with
+        ``hash_seed=None`` the seed is derived from the weights digest, dtype and block size
+        (``derived_hash_seed``), so every replica of the same model agrees.
+        ``remote_config``: a ``RedisStoreConfig`` (timeouts, queue bounds, TTL)."""
         from ..kv.storage import KVStore
         from .executor import ModelExecutor
 
         spec = model.config.kv_spec()
+        weights = None
+        if remote is not None:
+            from ..tiers.fingerprint import derived_hash_seed
+            from ..tiers.remote import default_host_blocks, model_weights_digest
+
+            if not enable_caching:
+                raise ValueError("a remote tier needs prefix caching (enable_caching=True)")
+            weights = model_weights_digest(model)      # once, when the tier is attached
+            if hash_seed is None:
+                hash_seed = derived_hash_seed(weights, dtype=spec.dtype, block_size=block_size)
+            num_host_blocks = num_host_blocks or default_host_blocks(num_blocks)
+            host_cache = True
         mgr = KVCacheManager(num_blocks, block_size, policy=policy, hash_seed=hash_seed,
                              enable_caching=enable_caching, num_host_blocks=num_host_blocks,
                              host_cache=host_cache, host_policy=host_policy)
@@ -91,7 +122,11 @@ class Engine:
             store.allocate_host(num_host_blocks)
         cost_model = cost_model or PreemptionCostModel.for_spec(spec)
         scheduler = Scheduler(mgr, config, cost_model)
-        return cls(scheduler, ModelExecutor(model, store, impl=impl), clock=clock, seed=seed)
+        tier = None
+        if remote is not None:
+            from ..tiers.remote import RemoteTier
+            tier = RemoteTier.connect(remote, mgr, store, weights=weights, config=remote_config)
+        return cls(scheduler, ModelExecutor(model, store, impl=impl), clock=clock, seed=seed, remote=tier)
 
     @property
     def manager(self) -> KVCacheManager:
@@ -159,6 +194,8 @@ class Engine:
     def step(self) -> StepResult:
         clock = self.clock
         now = clock.now()
+        if self._remote_step is not None:
+            self._remote_step.before(self.scheduler, now)     # staged in the host tier, verified
         plan = self.scheduler.schedule(now)
         if plan.is_empty:
             upcoming = self.scheduler.next_arrival(now)
@@ -176,6 +213,8 @@ class Engine:
                 getattr(clock, "on_step", lambda _: None)(output.elapsed_s)
                 finished = self.scheduler.update(plan, output)
             except BaseException as exc:
+                if self._remote_step is not None:
+                    self._remote_step.discard()      # published this step, never written
                 failed = self.scheduler.fail(plan, exc)
                 t = clock.now()
                 for r in failed:
@@ -186,6 +225,8 @@ class Engine:
             deferred, self._deferred_cancels = self._deferred_cancels, []
             for request_id in deferred:
                 self.cancel(request_id)
+        if self._remote_step is not None:
+            self._remote_step.after()        # this step's KV is written: queue it (never waits)
         t = clock.now()
         new_tokens = {}
         for s in plan.requests:
@@ -242,10 +283,13 @@ class Engine:
         return [self.requests[i].output for i in ids]
 
     def close(self) -> None:
-        """Cancel every live request (their blocks go back to the pool)."""
+        """Cancel every live request (their blocks go back to the pool); close the remote tier."""
         t = self.clock.now()
         for r in self.scheduler.abort_all():
             r.metrics.finished = t
+        if self.remote is not None:
+            self.remote.close()          # sends what is queued (bounded), stops its thread
+            self.remote = self._remote_step = None
 
     def __enter__(self) -> "Engine":
         return self

@@ -231,7 +231,12 @@ class PrefixKVStore:
     ``paged_attention`` in paged mode. ``hash_seed``, ``policy``, ``verify``
     and ``enable_caching`` go to ``KVCacheManager``. ``num_host_blocks`` with
     ``host_cache=True`` adds the host tier: blocks evicted from the device pool
-    are kept in (pinned) host memory and loaded back on a later hit.
+    are kept in (pinned) host memory and loaded back on a later hit. ``remote``
+    (``redis://host:port/db``, ``unix://``, ``redis+cluster://``) adds a shared
+    remote tier below it (``prefixkv.tiers.remote``): it implies the host tier
+    (``2 * num_blocks`` host blocks unless given) and a pinned hash seed (derived
+    from the weights digest when ``hash_seed`` is None; ``self.hash_seed``);
+    ``close()`` flushes it.
 
     **One store per model.** Cached KV is only valid for the weights that
     computed it, and prefix hits are looked up by token ids alone. A store is
@@ -248,7 +253,7 @@ class PrefixKVStore:
                  block_size: int = 16, dtype: torch.dtype | str | None = None, device=None, policy="lru",
                  hash_seed: int | None = None, verify: bool = False, enable_caching: bool = True,
                  impl: str = "auto", num_host_blocks: int = 0, host_cache: bool = False,
-                 host_policy="lru") -> None:
+                 host_policy="lru", remote: str | None = None, remote_config=None) -> None:
         self.spec = model_kv_spec(model, dtype)
         if device is None:
             device = getattr(model, "device", "cpu")
@@ -259,6 +264,23 @@ class PrefixKVStore:
         else:
             self.kv = KVStore(self.spec, num_blocks, block_size, device)
         self.block_size = block_size
+        weights = None
+        if remote is not None:
+            # The remote tier implies the host tier (it stages fetched blocks there) and a pinned seed.
+            from prefixkv.tiers.fingerprint import derived_hash_seed
+            from prefixkv.tiers.remote import default_host_blocks, model_weights_digest
+
+            if verify or not enable_caching:
+                raise ValueError("a remote tier needs prefix caching without verify=True (the remote tier "
+                                 "verifies every block's token ids itself)")
+            if not isinstance(model, torch.nn.Module):
+                raise TypeError("a remote tier needs the model's weights (their digest is in every key)")
+            weights = model_weights_digest(model)
+            if hash_seed is None:
+                hash_seed = derived_hash_seed(weights, dtype=str(self.kv.dtype), block_size=block_size)
+            num_host_blocks = num_host_blocks or default_host_blocks(self.kv.num_blocks)
+            host_cache = True
+        self.hash_seed = hash_seed
         self.manager = KVCacheManager(self.kv.num_blocks, block_size, policy=policy, hash_seed=hash_seed,
                                       verify=verify, enable_caching=enable_caching,
                                       num_host_blocks=num_host_blocks, host_cache=host_cache,
@@ -269,6 +291,10 @@ class PrefixKVStore:
         # Blocks whose hash may be published but whose KV is not known to be completely written.
         self.pending: set[int] = set()
         self.manager.unwritten = self.pending          # the host tier never keeps such a block
+        self.remote = None
+        if remote is not None:
+            from prefixkv.tiers.remote import RemoteTier
+            self.remote = RemoteTier.connect(remote, self.manager, self.kv, weights=weights, config=remote_config)
         self._ids = itertools.count()
         # The model whose KV this store holds (weak: the store does not keep a model alive).
         self._model_ref = weakref.ref(model) if isinstance(model, torch.nn.Module) else None
@@ -279,6 +305,21 @@ class PrefixKVStore:
         host-tier hits, copy-on-write copies."""
         manager = self.manager
         self.kv.transfer(manager.take_demotions(), manager.take_loads(), manager.take_copies())
+
+    def prefetch(self, prompt) -> int:
+        """Stage the remote tier's continuation of ``prompt`` (a manager ``Prompt``) in the host
+        tier before it is admitted; 0 without a remote tier."""
+        return 0 if self.remote is None else self.remote.prefetch(prompt)
+
+    def write_back(self) -> int:
+        """Queue blocks whose KV a forward has written for the remote tier (never waits)."""
+        return 0 if self.remote is None else self.remote.write_back()
+
+    def close(self) -> None:
+        """Flush (bounded) and close the remote tier, if any."""
+        if self.remote is not None:
+            self.remote.close()
+            self.remote = None
 
     def cache(self, model, mode: str = "gather") -> "PrefixKVCache":
         """A new ``PrefixKVCache`` on this store for ``model`` (the model you call ``generate`` on)."""
@@ -670,7 +711,9 @@ class PrefixKVCache(Cache):
                 if not tokens:
                     raise ValueError(f"row {b} is all padding")
                 seq = store._new_seq_id()
-                hit = manager.admit(seq, tokens)
+                prompt = manager.prompt(tokens)
+                store.prefetch(prompt)             # remote blocks staged (verified) in the host tier
+                hit = manager.admit(seq, prompt)
                 store.run_transfers()          # host-tier demotions and loads before any write
                 rows.append(_Row(seq, pad, tokens, 0, 0))
                 table = manager.block_ids(seq)
@@ -981,6 +1024,7 @@ class PrefixKVCache(Cache):
             row.written = max(row.written, end)
         self._columns = fwd.col0 + fwd.q_len
         self._forward = None
+        self.store.write_back()     # blocks this forward completed go to the remote tier (queued)
 
 
 # -- helpers ---------------------------------------------------------------------------

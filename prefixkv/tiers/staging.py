@@ -15,6 +15,8 @@ when the pools are on CUDA, so copies are DMA transfers):
   then one host->device scatter into those blocks, on the current stream.
   Everything is checked before anything is written: a wrong size or block id
   raises and the pools are unchanged.
+* ``unpack_host(host_blocks, payloads)``: the same into the host pool
+  (``KVStore.host``), where a remote tier stages fetched blocks for the host tier.
 
 ``fingerprint_for(store, weights, ...)`` builds the fingerprint matching a store's
 pools, so the payload size always equals ``Fingerprint.block_bytes``.
@@ -94,3 +96,27 @@ class StagingBuffer:
             self._host[i] = np.frombuffer(view, dtype=np.uint8)
         staged = self.buffer[:n].permute(1, 2, 0, 3, 4, 5).to(self.store.device, non_blocking=True)
         self.store.data.index_copy_(2, index, staged)
+
+    def unpack_host(self, host_blocks: Sequence[int], payloads: Sequence) -> None:
+        """Write verified payloads into the store's host pool (``KVStore.host``, the host tier's
+        bytes): a remote tier stages blocks there, and the host tier's loads take them to the
+        device. Checked before anything is written; chunks of ``capacity`` blocks."""
+        host = self.store.host
+        if host is None:
+            raise RuntimeError("the store has no host pool: call allocate_host(num_host_blocks) first")
+        ids = [int(b) for b in host_blocks]
+        if len(payloads) != len(ids):
+            raise ValueError(f"{len(payloads)} payloads for {len(ids)} host blocks")
+        bad = [b for b in ids if not 0 <= b < host.shape[2]]
+        if bad:
+            raise ValueError(f"host block ids {bad[:5]} out of range [0, {host.shape[2]})")
+        views = [memoryview(p).cast("B") for p in payloads]
+        for i, view in enumerate(views):
+            if view.nbytes != self.block_bytes:
+                raise ValueError(f"payload {i} is {view.nbytes} bytes; a block of this store is {self.block_bytes}")
+        for at in range(0, len(ids), self.capacity):
+            chunk = ids[at:at + self.capacity]
+            for i, view in enumerate(views[at:at + len(chunk)]):
+                self._host[i] = np.frombuffer(view, dtype=np.uint8)
+            index = torch.tensor(chunk, dtype=torch.int64)
+            host.index_copy_(2, index, self.buffer[:len(chunk)].permute(1, 2, 0, 3, 4, 5))

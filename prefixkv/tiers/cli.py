@@ -1,0 +1,88 @@
+"""``prefixkv tier``: operator commands for a remote tier's store (extra ``[redis]``).
+
+* ``prefixkv tier stats URL [--json]``: per master node, memory used and its limit, the
+  eviction policy, evicted keys, keys, keyspace hits and misses.
+* ``prefixkv tier clear URL [--fingerprint F] [--prefix P]``: delete every prefixkv block under
+  the prefix (all models), or only one fingerprint's (32 hex digits, as ``tier stats`` of a
+  running engine's ``RemoteTier.stats()["fingerprint"]`` shows).
+
+Wire it with ``add_tier_command(subparsers)`` in ``prefixkv.cli.build_parser``; nothing beyond
+the core is imported until a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+_FINGERPRINT = re.compile(r"^[0-9a-f]{32}$")
+
+
+def _fingerprint_hex(text: str) -> str:
+    text = text.strip().lower()
+    if not _FINGERPRINT.match(text):
+        raise argparse.ArgumentTypeError(f"a fingerprint is 32 hex digits, got {text!r}")
+    return text
+
+
+def add_tier_command(subparsers) -> None:
+    p = subparsers.add_parser("tier", help="inspect or clear a remote tier's Redis store",
+                              description="Operator commands for the Redis (or Redis Cluster) store under a "
+                                          "remote tier. URLs: redis://host:port/db, unix:///path.sock, "
+                                          "redis+cluster://host:port[,host:port...].")
+    sub = p.add_subparsers(dest="tier_command", required=True, metavar="{stats,clear}")
+    s = sub.add_parser("stats", help="memory, limit, eviction policy, evictions, keys, hits per node")
+    s.add_argument("url")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--timeout", type=float, default=1.0, help="connect and socket timeout in seconds (default 1)")
+    s.set_defaults(func=cmd_tier_stats)
+    c = sub.add_parser("clear", help="delete prefixkv blocks (all, or one fingerprint's)")
+    c.add_argument("url")
+    c.add_argument("--fingerprint", type=_fingerprint_hex, default=None,
+                   help="only this fingerprint's blocks (32 hex digits); default: every prefixkv block")
+    c.add_argument("--prefix", default=None, help="key prefix (default pkv)")
+    c.add_argument("--timeout", type=float, default=1.0, help="connect and socket timeout in seconds (default 1)")
+    c.set_defaults(func=cmd_tier_clear)
+
+
+def _operator_store(url: str, timeout: float, prefix: str | None = None):
+    """A store for operator calls only. Stats and clear do not depend on the fingerprint (clear
+    scans by prefix and, when given, by the fingerprint's hex), so a placeholder one is used."""
+    from .fingerprint import Fingerprint
+    from .redis_keys import DEFAULT_PREFIX
+    from .redis_store import RedisBlockStore, RedisStoreConfig
+
+    if not timeout > 0:
+        raise ValueError(f"--timeout must be positive, got {timeout}")
+    placeholder = Fingerprint(b"prefixkv-operator", "float16", 1, 1, 1, 1, hash_seed=0)
+    config = RedisStoreConfig(prefix=prefix or DEFAULT_PREFIX, connect_timeout_s=timeout, socket_timeout_s=timeout)
+    return RedisBlockStore(url, placeholder, config)
+
+
+def cmd_tier_stats(args: argparse.Namespace) -> int:
+    with _operator_store(args.url, args.timeout) as store:
+        nodes = store.server_stats()
+    if args.json:
+        print(json.dumps({"url": args.url, "nodes": nodes}))
+        return 0
+    print(f"prefixkv tier stats: {args.url} ({len(nodes)} node{'s' if len(nodes) != 1 else ''})")
+    for n in nodes:
+        limit = f"{n['maxmemory'] / 2**20:,.0f} MiB" if n["maxmemory"] else "no limit"
+        looked = n["keyspace_hits"] + n["keyspace_misses"]
+        rate = f"{100 * n['keyspace_hits'] / looked:.1f}%" if looked else "-"
+        print(f"  {n['node']}: {n['used_memory'] / 2**20:,.1f} MiB used of {limit} ({n['maxmemory_policy'] or '?'}), "
+              f"{n['keys']:,} keys, {n['evicted_keys']:,} evicted, keyspace hits {n['keyspace_hits']:,} / "
+              f"misses {n['keyspace_misses']:,} ({rate})")
+        if n["maxmemory"] and n["maxmemory_policy"] != "allkeys-lru":
+            print(f"    note: the remote tier expects maxmemory-policy allkeys-lru "
+                  f"(with {n['maxmemory_policy']}, a full server refuses writes instead of evicting)")
+    return 0
+
+
+def cmd_tier_clear(args: argparse.Namespace) -> int:
+    with _operator_store(args.url, args.timeout, args.prefix) as store:
+        deleted = store.clear(args.fingerprint)
+    which = f"fingerprint {args.fingerprint}" if args.fingerprint else "every fingerprint"
+    print(f"prefixkv tier clear: deleted {deleted:,} block(s) of {which} at {args.url}")
+    return 0
