@@ -115,6 +115,7 @@ class CostParams:
     decode_s_per_token: float = 5.0e-5
     kv_read_bytes_per_s: float = 3.84e12
     link_bytes_per_s: float = 25 * 2**30
+    remote_bytes_per_s: float = 12.5e9          # a remote tier's network (100 Gb/s), for replay's remote model
     read_whole_blocks: bool = True
     block_alloc_s: float = MEASURED_BOOKKEEPING["block_alloc_s"]
     block_table_entry_s: float = MEASURED_BOOKKEEPING["block_table_entry_s"]
@@ -127,7 +128,7 @@ class CostParams:
             if f.type in ("float", float) and not (isinstance(value, (int, float)) and value >= 0
                                                    and math.isfinite(value)):
                 raise ValueError(f"cost parameter {f.name} must be a finite number >= 0, got {value!r}")
-        for name in ("kv_read_bytes_per_s", "link_bytes_per_s"):
+        for name in ("kv_read_bytes_per_s", "link_bytes_per_s", "remote_bytes_per_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"cost parameter {name} must be > 0")
 

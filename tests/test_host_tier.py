@@ -163,3 +163,21 @@ def test_replay_and_compare_report_every_tier(tmp_path, capsys):
     rates = [r["block_hit_rate"] for r in rows]
     assert [r.get("host_capacity", 0) for r in rows] == [0, 400, 800]
     assert rates[0] < rates[1] < rates[2] and plot.stat().st_size > 0
+
+
+def test_replay_models_a_remote_tier_below_the_host_tier():
+    from prefixkv.costs import PROFILES, PreemptionCostModel
+    from prefixkv.sim.replay import replay
+    from prefixkv.sim.workloads import builtin_trace
+
+    trace = builtin_trace("default")
+    cost = PreemptionCostModel.from_params(PROFILES["h200"], 131072)
+    alone = replay(trace, "lru", 200).as_dict()
+    r = replay(trace, "lru", 200, remote_capacity=4000, transfer_cost=cost, remote_bytes_per_s=12.5e9).as_dict()
+    tiers = r["tier_block_hits"]
+    assert tiers["device"] == alone["block_hits"]          # the tiers below do not change the device's hits
+    assert tiers["remote"] > 0 and sum(tiers.values()) == r["block_hits"] > alone["block_hits"]
+    assert r["remote_fetches"] >= tiers["remote"] and r["remote_writes"] > 0
+    assert r["remote_transfer_s"] == pytest.approx(r["remote_transfer_bytes"] / 12.5e9)
+    with pytest.raises(ValueError, match="cache mode only"):
+        replay(trace, "lru", 200, remote_capacity=10, mode="concurrent")

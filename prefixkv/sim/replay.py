@@ -70,6 +70,7 @@ class ReplayResult:
     arrival_log_error: float | None = None  # mean |ln((1+predicted gap)/(1+actual gap))|, returning sessions
     host_capacity: int = 0             # host-tier blocks (0: no host tier)
     host_block_hits: int = 0           # of block_hits, served from the host tier
+    remote_block_hits: int = 0         # of block_hits, fetched from the remote tier (through the host tier)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -96,9 +97,12 @@ class ReplayResult:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.update(block_hit_rate=self.block_hit_rate, token_hit_rate=self.token_hit_rate)
+        remote = out.pop("remote_block_hits")
         if self.host_capacity:
-            device = self.block_hits - self.host_block_hits
+            device = self.block_hits - self.host_block_hits - remote
             out["tier_block_hits"] = {"device": device, "host": self.host_block_hits}
+            if "remote_capacity" in self.extra:
+                out["tier_block_hits"]["remote"] = remote
             out["tier_hit_rate"] = {tier: hits / self.block_accesses if self.block_accesses else 0.0
                                     for tier, hits in out["tier_block_hits"].items()}
         else:
@@ -198,8 +202,14 @@ def _next_uses(prompts: Sequence) -> list[list[float]]:
 def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warmup: float = 0.0,
            prefill_rate: float = 20_000.0, decode_rate: float = 50.0, hash_seed: int = 0,
            host_capacity: int = 0, host_policy: str | Any = "lru", host_inclusive: bool = False,
-           transfer_cost=None, gate: bool = False) -> ReplayResult:
-    """Replay ``trace`` with ``policy`` at ``capacity`` blocks; see the module doc."""
+           transfer_cost=None, gate: bool = False, remote_capacity: int = 0,
+           remote_bytes_per_s: float | None = None) -> ReplayResult:
+    """Replay ``trace`` with ``policy`` at ``capacity`` blocks; see the module doc.
+
+    ``remote_capacity`` models a shared remote tier below the host tier (cache mode;
+    ``prefixkv.sim.remote_model``): a host tier is needed to stage its blocks (when none is
+    given, one the size of the largest request stages them). ``remote_bytes_per_s`` prices its
+    reads and writes (``remote_transfer_s``)."""
     if mode not in ("cache", "concurrent"):
         raise ValueError(f"mode must be 'cache' or 'concurrent', got {mode!r}")
     if not 0.0 <= warmup < 1.0:
@@ -214,6 +224,15 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
         raise ValueError(f"host_capacity must be >= 0 blocks, got {host_capacity}")
     if gate and transfer_cost is None:
         raise ValueError("the load gate needs a transfer_cost (a PreemptionCostModel)")
+    remote = None
+    if remote_capacity:
+        from .remote_model import RemoteModel
+
+        if mode != "cache":
+            raise ValueError("a remote tier is modelled in cache mode only")
+        remote = RemoteModel(remote_capacity)
+        staging = max((-(-r.input_length // block_size) for r in requests), default=1)
+        host_capacity = host_capacity or staging
     mgr = KVCacheManager(capacity, block_size, policy=policy_obj, hash_seed=hash_seed, track_reuse=True,
                          num_host_blocks=host_capacity, host_cache=bool(host_capacity), host_policy=host_policy,
                          host_inclusive=host_inclusive, load_gate=transfer_cost if gate else None)
@@ -229,7 +248,7 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
     predict = getattr(policy_obj, "predict", None)
     forecasts: dict[int, tuple[float, float]] | None = {} if predict is not None else None
     if mode == "cache":
-        _replay_cache(mgr, requests, prompts, result, next_uses, oracle, hints, forecasts)
+        _replay_cache(mgr, requests, prompts, result, next_uses, oracle, hints, forecasts, remote)
     else:
         if oracle is not None:
             raise ValueError("belady needs the future in trace order; use mode='cache'")
@@ -239,6 +258,13 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
         _score_predictions(result, requests, forecasts)
     if host_capacity:
         _count_transfers(result, mgr, transfer_cost)
+    if remote is not None:
+        moved = (remote.fetched + remote.written) * block_size * (transfer_cost.kv_bytes_per_token
+                                                                  if transfer_cost is not None else 0)
+        result.extra.update(remote_capacity=remote_capacity, remote_fetches=remote.fetched,
+                            remote_writes=remote.written, remote_evictions=remote.evictions)
+        if transfer_cost is not None and remote_bytes_per_s:
+            result.extra.update(remote_transfer_bytes=moved, remote_transfer_s=moved / remote_bytes_per_s)
     return result
 
 
@@ -289,8 +315,26 @@ def _free(mgr: KVCacheManager, i, hint: SessionHint | None, forecasts: dict | No
             forecasts[i] = forecast
 
 
+def _stage_remote(mgr: KVCacheManager, remote, prompt) -> int:
+    """Fetch the blocks that continue ``prompt``'s chain past the device and host hits from the
+    remote model into the host tier (where ``admit`` finds them); returns how many."""
+    hashes = prompt.block_hashes()
+    start = mgr.match(prompt, compute_last_token=False).hit_blocks
+    n = remote.leading(hashes, start)
+    if not n:
+        return 0
+    host = mgr.host
+    staged = []
+    for i in range(start, start + n):
+        if host.store(hashes[i], hashes[i - 1] if i else None, i, mgr.block_size) is None:
+            break                  # the host tier is full of blocks held for loads: stop the chain
+        staged.append(hashes[i])
+    remote.read(staged)
+    return len(staged)
+
+
 def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, result: ReplayResult,
-                  next_uses, oracle, hints: Sequence, forecasts: dict | None) -> None:
+                  next_uses, oracle, hints: Sequence, forecasts: dict | None, remote=None) -> None:
     size = mgr.block_size
     warm = result.warmup_requests
     at_warmup = None
@@ -305,6 +349,7 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
             _tell_oracle(oracle, prompt, next_uses[i])
         hint = _at(hints[i], request.timestamp)
         loads_before = mgr.counters["loads"] if tiers else 0
+        staged = _stage_remote(mgr, remote, prompt) if remote is not None else 0
         try:
             hit_tokens = mgr.admit(i, prompt, compute_last_token=False)
         except SequenceTooLong:
@@ -316,11 +361,16 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
             if tiers:      # a replay moves no bytes: the transfers are only counted
                 mgr.take_demotions()
                 mgr.take_loads()
+            if remote is not None:      # write-through: the server gets every block it lacks
+                remote.write(prompt.block_hashes()[:prompt.num_tokens // size])
             _free(mgr, i, hint, forecasts, i >= warm)
         if i >= warm:
             result.count(request, accesses, last_tokens, hit_tokens // size)
             if tiers:
-                result.host_block_hits += mgr.counters["loads"] - loads_before
+                loaded = mgr.counters["loads"] - loads_before
+                remote_hits = min(staged, loaded)
+                result.host_block_hits += loaded - remote_hits
+                result.remote_block_hits += remote_hits
     _count_cache_traffic(result, mgr.pool, at_warmup)
 
 

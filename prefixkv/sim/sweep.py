@@ -144,6 +144,7 @@ def _ignore_sigint() -> None:
 def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: dict[str, list[int]], *,
           mode: str = "cache", warmup: float = 0.0, workers: int | None = None, backend: str = "process",
           host_capacities: Sequence[int] = (0,), host_policy: str = "lru", transfer_cost=None, gate: bool = False,
+          remote_capacity: int = 0, remote_bytes_per_s: float | None = None,
           on_done: Callable[[dict], None] | None = None) -> list[dict]:
     """Replay every (trace, policy, capacity, host capacity); returns result dicts in a stable order.
 
@@ -151,8 +152,8 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
     own policy, in a worker process (register your class, see ``prefixkv.policies.register``;
     Ray workers do not fork, so plug-ins reach them as entry points). ``workers``: processes of
     the local pool, or the CPUs of a local Ray (a Ray cluster brings its own). ``host_capacities``
-    sweeps the host tier below each device capacity (0: none); ``transfer_cost`` and ``gate`` as
-    in ``replay``."""
+    sweeps the host tier below each device capacity (0: none); ``transfer_cost``, ``gate``,
+    ``remote_capacity`` and ``remote_bytes_per_s`` as in ``replay``."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     bad = [p for p in policies if not isinstance(p, str)]
@@ -166,6 +167,8 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
     cells = [Cell(s, p, c, h) for s in sources for p in policies for c in capacities[s.label] for h in host_capacities]
     order = {cell.key: i for i, cell in enumerate(cells)}
     options = dict(mode=mode, warmup=warmup, host_policy=host_policy, transfer_cost=transfer_cost, gate=gate)
+    if remote_capacity:
+        options.update(remote_capacity=remote_capacity, remote_bytes_per_s=remote_bytes_per_s)
     # Biggest caches first: they take longest, and the pool drains evenly.
     jobs = sorted(((cell, options) for cell in cells), key=lambda j: -(j[0].capacity + j[0].host_capacity))
     if backend == "process":
