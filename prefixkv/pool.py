@@ -187,6 +187,12 @@ class BlockPool:
                 reused[block] = False
             else:
                 self.unused_removals += 1
+        self._drop_hash(block, block_hash)
+        return block
+
+    def _drop_hash(self, block: int, block_hash: Hashable) -> None:
+        """``block`` no longer holds ``block_hash``: an active duplicate takes the hash over, or
+        the hash leaves the cache (a ``BlockRemoved``)."""
         duplicates = self._duplicates.get(block_hash)
         if duplicates:
             self._promote(duplicates.pop(), block_hash, block)
@@ -196,7 +202,6 @@ class BlockPool:
             del self._cached[block_hash]
             if self.events is not None:
                 self.events.append(BlockRemoved(block_hash, block, self.medium))
-        return block
 
     def forget(self, block: int) -> None:
         """Drop the hash of an active cached block: it stays held, uncached (a host block whose
@@ -208,15 +213,7 @@ class BlockPool:
         self.forgotten += 1
         if self._reused is not None:
             self._reused[block] = False
-        duplicates = self._duplicates.get(block_hash)
-        if duplicates:
-            self._promote(duplicates.pop(), block_hash, block)
-            if not duplicates:
-                del self._duplicates[block_hash]
-        else:
-            del self._cached[block_hash]
-            if self.events is not None:
-                self.events.append(BlockRemoved(block_hash, block, self.medium))
+        self._drop_hash(block, block_hash)
 
     def _promote(self, duplicate: int, block_hash: Hashable, evicted: int) -> None:
         del self._duplicate_hash[duplicate]
