@@ -1,0 +1,66 @@
+"""The remote tier through Hugging Face ``generate``: a second store (another process's, in
+effect: a fresh manager and pool) loads the first one's prefix from the server, verified, and
+generates the same tokens as ``generate`` without any prefixkv cache, in gather and paged mode."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+
+from redis_fixtures import needs_redis, redis_server  # noqa: F401 (fixture)
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("redis")
+pytest.importorskip("transformers")
+try:
+    from prefixkv.integrations.hf import PAGED_ATTENTION, PrefixKVStore  # noqa: E402
+except ImportError as exc:  # an unsupported transformers version
+    pytest.skip(str(exc), allow_module_level=True)
+
+pytestmark = [*needs_redis, pytest.mark.usefixtures("one_torch_thread")]
+
+
+@pytest.fixture(scope="module")
+def hf_models():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=None, initializer_range=0.2)
+    model = LlamaForCausalLM(config).eval()
+    paged = copy.deepcopy(model)
+    paged.set_attn_implementation(PAGED_ATTENTION)
+    return {"gather": model, "paged": paged}
+
+
+@pytest.mark.parametrize("mode", ["gather", "paged"])
+def test_hf_generate_loads_another_stores_prefix(redis_server, hf_models, mode):  # noqa: F811
+    redis_server.command("FLUSHALL")
+    model = hf_models[mode]
+    rng = random.Random(2)
+    shared = [rng.randrange(3, 256) for _ in range(96)]
+    prompts = [shared + [rng.randrange(3, 256) for _ in range(5)] for _ in range(3)]
+    reference = [model.generate(torch.tensor([p]), max_new_tokens=4, do_sample=False)[0].tolist() for p in prompts]
+
+    def run():
+        store = PrefixKVStore(model, num_blocks=16, block_size=8, remote=redis_server.url)
+        outs = []
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            with store.cache(model, mode=mode) as cache:
+                cache.prepare(ids)
+                outs.append(model.generate(ids, cache=cache, max_new_tokens=4, do_sample=False)[0].tolist())
+            store.check_invariants()
+        stats = store.remote.stats()
+        assert store.remote.flush()
+        store.close()
+        return outs, stats, store.manager.stats()
+
+    first, s1, _ = run()
+    second, s2, m2 = run()
+    assert first == second == reference
+    assert s1["queued_blocks"] >= 12 and s2["staged_blocks"] >= 12 and m2.host_hit_tokens >= 96
+    assert s2["store_rejected"] == {}
