@@ -207,3 +207,56 @@ def test_hung_and_killed_server_tier_calls_stay_bounded(own_redis_server):  # no
     finally:
         tier_a.close(flush_timeout_s=0.5)
         tier_b.close(flush_timeout_s=0.5)
+
+
+@with_redis
+def test_unix_socket_and_cluster_urls(tmp_path):
+    """The same write-back / prefetch round through ``unix://`` and ``redis+cluster://`` URLs."""
+    from redis_fixtures import REDIS_CLI, RedisServer, cluster_url, free_cluster_port
+
+    sock = tmp_path / "redis.sock"
+    server = RedisServer(tmp_path / "unix", extra=("--unixsocket", str(sock), "--unixsocketperm", "700")).start()
+    try:
+        round_trip(f"unix://{sock}")
+    finally:
+        server.stop()
+    if REDIS_CLI is None:
+        pytest.skip("redis-cli is not installed (it comes with redis-server on Debian)")
+    import subprocess
+
+    nodes = []
+    try:
+        for i in range(3):
+            port = free_cluster_port()
+            nodes.append(RedisServer(tmp_path / f"n{i}", port, extra=(
+                "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
+                "--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no")).start())
+        subprocess.run([REDIS_CLI, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
+                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(
+                b"cluster_state:ok" in n.command("CLUSTER", "INFO") for n in nodes):
+            time.sleep(0.1)
+        round_trip(cluster_url(nodes), tokens=list(range(2000, 2000 + 40 * B + 1)), blocks=48, host=48)
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def round_trip(url, tokens=TOKENS, blocks=16, host=16):
+    mgr_a, kv_a, tier_a = replica(url, blocks=blocks, host=host)
+    mgr_b, kv_b, tier_b = replica(url, blocks=blocks, host=host)
+    try:
+        compute(mgr_a, kv_a, "a", tokens, 7)
+        n = (len(tokens) - 1) // B
+        assert tier_a.write_back() == len(tokens) // B and tier_a.flush()
+        prompt = mgr_b.prompt(tokens)
+        assert tier_b.prefetch(prompt) == n
+        assert mgr_b.admit("b", prompt) == n * B
+        kv_b.load(mgr_b.take_loads())
+        for a_block, b_block in zip(mgr_a.block_ids("a")[:n], mgr_b.block_ids("b")[:n]):
+            assert torch.equal(kv_a.data[:, :, a_block], kv_b.data[:, :, b_block])
+        assert tier_b.stats()["store_rejected"] == {}
+    finally:
+        tier_a.close()
+        tier_b.close()
