@@ -20,6 +20,10 @@ module has one job and states its contract in its docstring:
 * ``redis_writer``: the store's background thread (bounded write queue, SET NX
   of only the blocks the server lacks, deletion of refused values, breaker probes).
 * ``staging``: packing one block out of / into ``KVStore`` pools (torch).
+* ``remote``: the remote tier: the Redis store below the host tier, reached through
+  it (prefetch stages verified blocks in host memory before admission; write-back
+  queues what the device computed after a step).
+* ``cli``: ``prefixkv tier stats|clear`` for operators.
 
 Importing this package imports neither redis nor torch; only the ``redis_*``
 modules need redis-py and only ``staging`` needs torch.
