@@ -44,6 +44,10 @@ A policy that can say what it expects may also define ``predict(hint) ->
 the trace (``ReplayResult.return_auc`` / ``arrival_log_error``).
 Policies without ``on_hint`` / ``predict`` work unchanged: nothing else in the
 protocol changed.
+
+Optional, for speed: ``on_released_batch(blocks)`` means exactly ``on_released(b)``
+for each ``b`` in order; a pool calls it once per release instead (with
+``pool.hint`` set as above) when the policy defines it.
 """
 
 from __future__ import annotations

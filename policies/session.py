@@ -131,6 +131,10 @@ class SessionPolicy(PolicyBase):
         self._groups: dict[int, _Group] = {}  # seq -> group with candidates
         self._group_of: dict[int, _Group] = {}  # candidate -> its group
         self._last: _Group | None = None      # the group the last released block joined
+        self._hgroup: _Group | None = None    # the group of the hinted release in progress
+        self._agroup: _Group | None = None    # the aged group unhinted releases join at this clock value
+        self._wait = False                    # the hinted release's blocks wait (due > now)
+        self._choice: _Group | None = None    # evict()'s group, until the order changes
         self._hint = None                     # the hinted release in progress ...
         self._due = 0.0                       # ... and its blocks' due time
         self._hints = 0                       # hinted releases so far (numbers them)
@@ -181,6 +185,7 @@ class SessionPolicy(PolicyBase):
         if now <= self._now:
             return
         self._now = now
+        self._agroup = self._choice = None
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
             entry = deadlines.pop(0)
@@ -239,34 +244,78 @@ class SessionPolicy(PolicyBase):
         due = now + gap / (p if hint.end is not None else p ** self.fallback_weight)
         # Waiting blocks are due after now (a gap of 0 is due at once: the release is aged).
         self._due = due
+        self._wait = due > now          # due at once (a gap of 0): the release is aged
         self._hint = hint
+        self._hgroup = None
         self._hints += 1
 
     # -- events ----------------------------------------------------------------------------------------
     def on_released(self, block: int) -> None:
         hint = self.pool.hint
-        now = self._now
-        waiting = False
         if hint is not None and hint is self._hint:
-            session = hint.session
             owner = self._owner.get(block)
-            if owner is None or owner == session:
-                self._owner[block] = session
-                waiting = self._due > now      # due at once (a gap of 0): aged
-            else:
+            if owner is None or owner == hint.session:
+                if owner is None:
+                    self._owner[block] = hint.session
+                group = self._last
+                if group is None or group is not self._hgroup or not group.blocks:
+                    group = self._hgroup = self._new_group(self._wait, self._due)
+                group.blocks[block] = None
+                self._group_of[block] = group
+                return
+            if owner is not _SHARED:
                 self._owner[block] = _SHARED   # released by a second session: recency rules
         group = self._last
-        if group is None or not group.blocks or group.waiting is not waiting or group.released != now or (
-                waiting and group.key[1] != self._hints):
-            self._seq = seq = self._seq + 1
-            group = self._last = _Group(seq, waiting, self._due if waiting else now, now, self._hints)
-            self._groups[seq] = group
-            (self._waiting if waiting else self._aged).add((group.key, seq))
+        if group is None or group is not self._agroup or not group.blocks:
+            group = self._agroup = self._new_group(False, self._now)
         group.blocks[block] = None
         self._group_of[block] = group
 
+    def on_released_batch(self, blocks: list[int]) -> None:
+        """``on_released`` for each block in order (the pool's fast path: one call per release)."""
+        hint = self.pool.hint
+        group_of = self._group_of
+        if hint is None or hint is not self._hint:
+            group = self._last
+            if group is None or group is not self._agroup or not group.blocks:
+                group = self._agroup = self._new_group(False, self._now)
+            put = group.blocks.__setitem__
+            for block in blocks:
+                put(block, None)
+                group_of[block] = group
+            return
+        session = hint.session
+        owners = self._owner
+        get = owners.get
+        for block in blocks:
+            owner = get(block)
+            if owner is None or owner == session:
+                if owner is None:
+                    owners[block] = session
+                group = self._last
+                if group is None or group is not self._hgroup or not group.blocks:
+                    group = self._hgroup = self._new_group(self._wait, self._due)
+            else:
+                if owner is not _SHARED:
+                    owners[block] = _SHARED
+                group = self._last
+                if group is None or group is not self._agroup or not group.blocks:
+                    group = self._agroup = self._new_group(False, self._now)
+            group.blocks[block] = None
+            group_of[block] = group
+
+    def _new_group(self, waiting: bool, due: float) -> _Group:
+        """A new run of candidates, after every existing one in release order."""
+        self._seq = seq = self._seq + 1
+        group = self._last = _Group(seq, waiting, due, self._now, self._hints)
+        self._groups[seq] = group
+        (self._waiting if waiting else self._aged).add((group.key, seq))
+        self._choice = None
+        return group
+
     def _drop_if_empty(self, group: _Group) -> None:
         if not group.blocks:
+            self._choice = None
             seq = group.seq
             del self._groups[seq]
             (self._waiting if group.waiting else self._aged).remove((group.key, seq))
@@ -278,13 +327,19 @@ class SessionPolicy(PolicyBase):
             if not group.blocks:
                 self._drop_if_empty(group)
 
-    def evict(self) -> int:
+    def _choose(self) -> _Group:
         waiting, aged = self._waiting, self._aged
         now = self._now
         if aged and (not waiting or now + self.kappa * (now - aged[0][0][0]) >= waiting[-1][0][0]):
             group = self._groups[aged[0][1]]
         else:
             group = self._groups[waiting[-1][1]]
+        self._choice = group
+        return group
+
+    def evict(self) -> int:
+        # Evictions come in bursts (one allocation): the choice holds until a run is added or removed.
+        group = self._choice or self._choose()
         block = group.blocks.popitem(last=False)[0]
         if not group.blocks:
             self._drop_if_empty(group)
@@ -299,7 +354,7 @@ class SessionPolicy(PolicyBase):
         self._groups.clear()
         self._group_of.clear()
         self._owner.clear()
-        self._last = None
+        self._last = self._hgroup = self._agroup = self._choice = None
 
     def __len__(self) -> int:
         return len(self._group_of)

@@ -226,7 +226,8 @@ class BlockPool:
         self.policy.on_cached(duplicate)
 
     def publish(self, block: int, block_hash: Hashable, parent_hash: Hashable | None, depth: int,
-                content: bytes | None = None, extra: ExtraKeys | None = None) -> bool:
+                content: bytes | None = None, extra: ExtraKeys | None = None,
+                token_ids: tuple[int, ...] | None = None) -> bool:
         """Enter an active, full block into the prefix cache.
 
         Returns False (and publishes nothing) only in verify mode when the hash
@@ -249,7 +250,7 @@ class BlockPool:
         self.policy.on_cached(block)
         if self.events is not None:
             self.events.append(BlockStored(block_hash, parent_hash, self.num_tokens[block], extra, block,
-                                           self.medium))
+                                           self.medium, token_ids))
         return True
 
     def release(self, blocks_in_order: Iterable[int], priority: int = 0, hint=None) -> None:
@@ -280,7 +281,9 @@ class BlockPool:
         ref = self.ref_count
         block_hash = self.block_hash
         free_append = self._free.append
-        on_released = self.policy.on_released
+        batch = getattr(self.policy, "on_released_batch", None)
+        released: list[int] = []
+        on_released = self.policy.on_released if batch is None else released.append
         prio = self.priority
         for block in blocks_in_order:
             count = ref[block] - 1
@@ -294,6 +297,8 @@ class BlockPool:
                 if self._duplicate_hash:
                     self._drop_duplicate(block)
                 free_append(block)
+        if released:
+            batch(released)   # the same events, in the same order, in one call
 
     def _drop_duplicate(self, block: int) -> None:
         block_hash = self._duplicate_hash.pop(block, None)

@@ -273,3 +273,32 @@ def test_the_priority_wrapper_passes_hints_to_its_inner_policy():
     assert 20.0 < inner.predict(SessionHint("s", end="tool_use"))[1] < 40.0
     mgr.check_invariants()
     assert PriorityPolicy(LRUPolicy()).predict(SessionHint("s")) is None
+
+
+def test_the_batched_release_is_the_same_events_as_one_by_one():
+    """The pool's fast path (on_released_batch) against the protocol's per-block on_released."""
+
+    class OneByOne(SessionPolicy):
+        on_released_batch = None     # the pool then calls on_released per block
+
+    import random
+
+    def run(policy):
+        rng = random.Random(7)
+        mgr = KVCacheManager(24, 2, policy=policy, hash_seed=0)
+        evicted = []
+        for i in range(400):
+            session = rng.randrange(6)
+            prompt = [session, 1, 2, 3] + [rng.randrange(3) for _ in range(rng.randrange(8))]
+            if rng.random() < 0.2:
+                prompt = [9, 9] + prompt          # shared by sessions: a common prefix
+            before = mgr.pool.evictions
+            mgr.admit(i, prompt)
+            evicted.append(mgr.pool.evictions - before)
+            hint = None if rng.random() < 0.2 else SessionHint(
+                session, end=rng.choice(["tool_use", "end_turn", None]), time=float(i // 3), turn=i // 6)
+            mgr.free(i, hint=hint)
+            mgr.check_invariants()
+        return evicted, mgr.pool.snapshot()
+
+    assert run(SessionPolicy()) == run(OneByOne())
