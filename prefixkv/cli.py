@@ -143,8 +143,12 @@ def _tier_options(args: argparse.Namespace) -> dict:
     from .costs import PreemptionCostModel, load_params
 
     spec = KVSpec(**{**SEED_MODEL, **(args.model_spec or {})})
-    cost = PreemptionCostModel.from_params(load_params(args.cost_params), spec.bytes_per_token)
-    return dict(host_policy=args.host_policy, transfer_cost=cost, gate=args.cost_params is not None)
+    params = load_params(args.cost_params)
+    cost = PreemptionCostModel.from_params(params, spec.bytes_per_token)
+    out = dict(host_policy=args.host_policy, transfer_cost=cost, gate=args.cost_params is not None)
+    if args.remote_capacity:
+        out.update(remote_capacity=args.remote_capacity, remote_bytes_per_s=params.remote_bytes_per_s)
+    return out
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -154,7 +158,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     source = _trace_sources(args)[0]
     trace = source.load()
     capacity, note = _effective_capacity(trace, args.capacity, args.mode)
-    tiers = _tier_options(args) if args.host_capacity else {}
+    tiers = _tier_options(args) if args.host_capacity or args.remote_capacity else {}
     if args.host_capacity:
         require_blocks_for_host(args.host_capacity)
     result = replay(trace, args.policy, capacity, mode=args.mode, warmup=args.warmup,
@@ -177,7 +181,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(where)
     for key in ("requests", "block_accesses", "block_hits", "block_hit_rate", "token_hit_rate", "evictions",
                 "block_insertions", "blocks_never_reused", "oversized_requests", "waited_admissions",
-                "mean_wait_s", "promotions", "demotions", "loads_refused", "transfer_bytes", "transfer_s"):
+                "mean_wait_s", "promotions", "demotions", "loads_refused", "transfer_bytes", "transfer_s",
+                "remote_fetches", "remote_writes", "remote_evictions", "remote_transfer_s"):
         if key in result:
             value = result[key]
             if key.endswith("_rate"):
@@ -230,7 +235,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             capacities[s.label] = args.capacities
     require_blocks(max(max(c) for c in capacities.values()), "the largest capacity")
     host_caps = args.host_capacity or [0]
-    tiers = _tier_options(args) if any(host_caps) else {}
+    tiers = _tier_options(args) if any(host_caps) or args.remote_capacity else {}
     if any(host_caps):
         require_blocks_for_host(max(host_caps))
     console = make_console(stderr=True)
@@ -356,6 +361,9 @@ def _add_trace_args(p: argparse.ArgumentParser, many: bool) -> None:
 
 def _add_tier_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-policy", default="lru", help="eviction policy of the host tier (default lru)")
+    p.add_argument("--remote-capacity", type=non_negative_int, default=0,
+                   help="blocks of a shared remote tier (a Redis server) below the host tier, cache mode "
+                        "(default 0: none)")
     p.add_argument("--model-spec", type=model_spec, default=None,
                    help="layers,kv_heads,head_dim[,dtype] pricing a block's transfer (default: the design "
                         "notes' 32,8,128,bfloat16)")

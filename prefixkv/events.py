@@ -27,6 +27,7 @@ class BlockStored:
     extra_keys: ExtraKeys | None
     block_id: int
     medium: str | None = None     # the tier: None for the device pool, "CPU" for the host tier
+    token_ids: tuple[int, ...] | None = None   # the block's tokens (None: hashed traces, demotions)
 
 
 @dataclass(frozen=True, slots=True)

@@ -414,10 +414,14 @@ class KVCacheManager:
         verify = pool.verify and seq.tokens is not None
         events = pool.events is not None
         extra = seq.extra if events else None
+        # routers that rehash tokens (llm-d) need each stored block's ids in its event
+        tokens = seq.tokens if events else None
+        size = self.block_size
         publish = pool.publish
         for i in range(first, min(stop, len(hashes))):
             content = self.hasher.block_content(seq.tokens, i, seq.extra) if verify else None
-            if not publish(table[i], hashes[i], hashes[i - 1] if i else None, i, content, extra):
+            ids = tuple(tokens[i * size:(i + 1) * size]) if tokens is not None else None
+            if not publish(table[i], hashes[i], hashes[i - 1] if i else None, i, content, extra, ids):
                 seq.publishable = False  # a collision: later blocks would chain from it
                 return
             if published is not None:

@@ -103,3 +103,16 @@ def test_host_tier_events_keep_their_medium_on_the_wire():
     assert len(stored["GPU"]) == 8 and len(stored["CPU"]) == 4
     assert sorted(stored["CPU"]) == sorted(removed) == sorted(stored["GPU"][:4])
     assert {e.medium for e in events if type(e).__name__ == "BlockRemoved"} == {"GPU"}
+
+
+def test_stored_blocks_carry_their_token_ids_to_the_wire():
+    from prefixkv import KVCacheManager
+    from prefixkv.fleet.wire import to_wire
+
+    mgr = KVCacheManager(8, 4, hash_seed=0, record_events=True)
+    mgr.admit("a", list(range(10)))
+    mgr.append("a", [10, 11])                      # the decode fills the third block
+    core = mgr.drain_events()
+    assert [e.token_ids for e in core] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)]
+    (stored,) = to_wire(core, block_size=4)        # one chain under one parent
+    assert stored.token_ids == list(range(12)) and len(stored.block_hashes) == 3

@@ -181,3 +181,13 @@ def test_replay_models_a_remote_tier_below_the_host_tier():
     assert r["remote_transfer_s"] == pytest.approx(r["remote_transfer_bytes"] / 12.5e9)
     with pytest.raises(ValueError, match="cache mode only"):
         replay(trace, "lru", 200, remote_capacity=10, mode="concurrent")
+
+
+def test_replay_remote_capacity_on_the_command_line(capsys):
+    import json
+
+    from prefixkv.cli import main
+
+    assert main(["replay", "--capacity", "200", "--remote-capacity", "4000", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["tier_block_hits"]["remote"] > 0 and r["remote_transfer_s"] > 0

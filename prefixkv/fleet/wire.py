@@ -155,7 +155,8 @@ def to_wire(events: Iterable, *, block_size: int, medium: str = MEDIUM_GPU,
     event (vLLM's shape: a chain under one parent); consecutive removals become one.
     ``tokens`` maps a block hash to its token ids where the caller knows them
     (``block_tokens(prompt)``); a chain with a block of unknown tokens is sent with
-    ``token_ids=[]`` (prefixkv's events do not carry tokens; see the fleet README).
+    ``token_ids=[]``. Core events carry their block's ids when the manager knew them (token
+    prompts); ``tokens`` fills in the others.
     Each event keeps its tier: a core event's own ``medium`` (``"CPU"`` for the host tier)
     wins, and the device pool's (``None``) becomes ``medium``.
     """
@@ -172,13 +173,14 @@ def to_wire(events: Iterable, *, block_size: int, medium: str = MEDIUM_GPU,
             return
         hashes = [_hash(e.block_hash) for e in run]
         ids: list[int] = []
-        if tokens is not None:
-            for h in hashes:
+        for event, h in zip(run, hashes):
+            block = getattr(event, "token_ids", None)
+            if block is None and tokens is not None:
                 block = tokens.get(h)
-                if block is None:
-                    ids = []
-                    break
-                ids.extend(block)
+            if block is None:
+                ids = []
+                break
+            ids.extend(block)
         extra = run[0].extra_keys
         lora = None if extra is None or extra.adapter is None else str(extra.adapter)
         parent = run[0].parent_hash
