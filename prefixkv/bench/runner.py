@@ -53,6 +53,8 @@ class BenchRequest:
     max_new_tokens: int
     output: tuple[int, ...] | None      # recorded output tokens, when the trace has them
     salt: str | int | None = None       # token traces: the request's cache isolation key
+    session: str | None = None          # the trace's session (conversation, agent loop), for session hints
+    end: str | None = None              # why the trace's request ended ("tool_use", "end_turn", ...)
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,8 @@ def prepare_trace(trace: Trace, *, vocab: int = 32_000, limit: int | None = None
             output = None
         if not prompt:
             continue
-        out.append(BenchRequest(i, float(r.timestamp), prompt, max(1, r.output_length), output, r.salt))
+        out.append(BenchRequest(i, float(r.timestamp), prompt, max(1, r.output_length), output, r.salt,
+                                r.session, r.stop))
     return out
 
 
@@ -271,7 +274,7 @@ def run_block_size(requests: Sequence[BenchRequest], block_size: int, cfg: Bench
             i += 1
             try:
                 engine.add_request(r.prompt, max_new_tokens=r.max_new_tokens, request_id=r.request_id,
-                                   arrival_time=r.arrival, salt=r.salt)
+                                   arrival_time=r.arrival, salt=r.salt, session=r.session, end=r.end)
             except SequenceTooLong:
                 rejected += 1
         if not engine.has_unfinished:

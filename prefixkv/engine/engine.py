@@ -140,12 +140,20 @@ class Engine:
 
     def add_request(self, prompt: Sequence[int], *, max_new_tokens: int = 16, request_id: Hashable = None,
                     sampling: SamplingParams | None = None, eos_token_id: int | None = None,
-                    arrival_time: float | None = None, salt: str | int | None = None) -> Hashable:
+                    arrival_time: float | None = None, salt: str | int | None = None,
+                    session: Hashable | None = None, end: str | None = None,
+                    next_arrival: float | None = None) -> Hashable:
         """Queue a request; returns its id. ``InvalidRequestTokens`` (engine unchanged) when the
         prompt holds an id that is not an integer in ``[0, vocab_size)``. ``salt`` isolates its
-        cache blocks (a tenant): only requests with an equal salt share them."""
-        return self._add(prompt, max_new_tokens=max_new_tokens, request_id=request_id, sampling=sampling,
-                         eos_token_id=eos_token_id, arrival_time=arrival_time, salt=salt)
+        cache blocks (a tenant): only requests with an equal salt share them. ``session`` (and
+        optionally ``end``, e.g. ``"tool_use"`` when the caller knows the answer ends in a tool
+        call, and ``next_arrival`` seconds) become the session hint its blocks are released with
+        (``prefixkv.policies.SessionHint``), for policies such as ``session``."""
+        request_id = self._add(prompt, max_new_tokens=max_new_tokens, request_id=request_id, sampling=sampling,
+                               eos_token_id=eos_token_id, arrival_time=arrival_time, salt=salt)
+        request = self.requests[request_id]
+        request.session, request.end, request.next_arrival = session, end, next_arrival
+        return request_id
 
     def _add(self, prompt, *, max_new_tokens, request_id, sampling, eos_token_id, arrival_time,
              tokens: tuple[int, ...] | None = None, salt: str | int | None = None) -> Hashable:
@@ -211,7 +219,7 @@ class Engine:
             try:
                 output = self.executor.execute(plan)
                 getattr(clock, "on_step", lambda _: None)(output.elapsed_s)
-                finished = self.scheduler.update(plan, output)
+                finished = self.scheduler.update(plan, output, clock.now())
             except BaseException as exc:
                 if self._remote_step is not None:
                     self._remote_step.discard()      # published this step, never written

@@ -149,6 +149,11 @@ class Request:
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     hashed: object = field(default=None, repr=False)   # the manager's Prompt of ``tokens`` (see capacity)
     salt: str | int | None = None                   # cache isolation key: shares blocks only with equal salts
+    # Session hints for the eviction policy (``prefixkv.policies.SessionHint``), given when it finishes:
+    session: Hashable | None = None                 # the conversation / agent loop it belongs to
+    end: str | None = None                          # why it ended, when the caller knows better
+                                                    # ("tool_use"); else the engine's reason
+    next_arrival: float | None = None               # the caller's estimate of the session's next request, s
 
     def __post_init__(self) -> None:
         if not self.prompt:

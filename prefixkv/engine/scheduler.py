@@ -47,6 +47,8 @@ from .plan import BlockOp, ScheduledRequest, StepOutput, StepPlan
 from .request import Request, RequestStatus
 
 _ORDER = lambda r: r.order  # noqa: E731
+# The engine's finish reasons in the words session hints use (vLLM's / the traces' stop reasons).
+_END_REASONS = {"length": "max_tokens", "stop": "stop", "cancelled": "cancelled"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,11 +125,11 @@ class Scheduler:
         return min(future) if future else None
 
     def _release(self, request: Request, status: RequestStatus, reason: str,
-                 error: BaseException | None = None) -> None:
+                 error: BaseException | None = None, now: float | None = None) -> None:
         rid = request.request_id
         try:
             if rid in self.mgr:
-                self.mgr.free(rid)
+                self.mgr.free(rid, hint=self._hint(request, status, reason, now))
         finally:
             for queue in (self.running, self.waiting):
                 if request in queue:
@@ -136,6 +138,17 @@ class Scheduler:
             request.status = status
             request.finish_reason = reason
             request.error = error
+
+    @staticmethod
+    def _hint(request: Request, status: RequestStatus, reason: str, now: float | None):
+        """The session hint a finished request gives the eviction policy (None: no session, or a
+        failure, whose blocks say nothing about the session's future)."""
+        if request.session is None or status is RequestStatus.FAILED:
+            return None
+        from ..policies import SessionHint
+
+        end = request.end or _END_REASONS.get(reason, reason)
+        return SessionHint(request.session, end=end, time=now, next_arrival=request.next_arrival)
 
     # -- deciding ----------------------------------------------------------------
     def _choose_preemption(self, victim: Request, host_free: int) -> PreemptionChoice:
@@ -403,8 +416,9 @@ class Scheduler:
                         block_tables=tables, block_ops=tuple(ops), preempted=tuple(preempted))
 
     # -- after the executor ---------------------------------------------------------
-    def update(self, plan: StepPlan, output: StepOutput) -> list[Request]:
-        """Record a step's results; returns the requests that finished. Checks first, then changes."""
+    def update(self, plan: StepPlan, output: StepOutput, now: float | None = None) -> list[Request]:
+        """Record a step's results; returns the requests that finished. Checks first, then changes.
+        ``now``: the clock at the end of the step (the time in finished requests' session hints)."""
         for s in plan.requests:
             if s.sample and s.request_id not in output.sampled:
                 raise ValueError(f"the executor sampled no token for request {s.request_id!r}")
@@ -419,9 +433,9 @@ class Scheduler:
             token = int(output.sampled[s.request_id])
             r.tokens.append(token)
             if r.eos_token_id is not None and token == r.eos_token_id:
-                self._release(r, RequestStatus.FINISHED, "stop")
+                self._release(r, RequestStatus.FINISHED, "stop", now=now)
             elif r.num_output >= r.max_new_tokens:
-                self._release(r, RequestStatus.FINISHED, "length")
+                self._release(r, RequestStatus.FINISHED, "length", now=now)
             else:
                 continue
             finished.append(r)

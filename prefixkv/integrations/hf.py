@@ -125,6 +125,7 @@ import inspect
 import itertools
 import os
 import re
+import time
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -321,9 +322,10 @@ class PrefixKVStore:
             self.remote.close()
             self.remote = None
 
-    def cache(self, model, mode: str = "gather") -> "PrefixKVCache":
-        """A new ``PrefixKVCache`` on this store for ``model`` (the model you call ``generate`` on)."""
-        return PrefixKVCache(self, model, mode=mode)
+    def cache(self, model, mode: str = "gather", *, session=None, end: str | None = None) -> "PrefixKVCache":
+        """A new ``PrefixKVCache`` on this store for ``model`` (the model you call ``generate`` on).
+        ``session`` / ``end``: the session hint its rows are released with (see ``PrefixKVCache``)."""
+        return PrefixKVCache(self, model, mode=mode, session=session, end=end)
 
     def reset(self, model=None) -> None:
         """Forget every cached block (no prefix hits from earlier KV) and bind the store to ``model``
@@ -556,7 +558,8 @@ class PrefixKVLayer(CacheLayerMixin):
 class PrefixKVCache(Cache):
     """A transformers ``Cache`` backed by a ``PrefixKVStore``. See the module docstring."""
 
-    def __init__(self, store: PrefixKVStore, model, *, mode: str = "gather") -> None:
+    def __init__(self, store: PrefixKVStore, model, *, mode: str = "gather", session=None,
+                 end: str | None = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"PrefixKVCache needs the model it will run with, got {type(model).__name__}")
         if mode not in _MODES:
@@ -580,6 +583,7 @@ class PrefixKVCache(Cache):
         store._bind(model)
         self.store = store
         self.mode = mode
+        self.session, self.end = session, end       # the session hint rows are released with
         self._model = weakref.ref(model)
         self._window = _sliding_window(_text_config(model))
         self._depth = 0             # nesting of hooked forwards (top-level model, base model)
@@ -624,12 +628,20 @@ class PrefixKVCache(Cache):
                            hit_tokens=tuple(row.own_start for row in rows),
                            prompt_tokens=tuple(len(row.tokens) for row in rows), skipped_tokens=skipped)
 
-    def release(self) -> None:
-        """Free every row's sequence (finish, cancel and error alike). Full blocks stay cached."""
+    def release(self, *, end: str | None = None) -> None:
+        """Free every row's sequence (finish, cancel and error alike). Full blocks stay cached.
+
+        With a ``session`` (given to ``store.cache``), the rows are released with a session hint
+        for the eviction policy: ``end`` here, else the one given to ``cache``, says why the turn
+        ended (``"tool_use"`` when the caller's agent loop will call back soon)."""
         manager = self.store.manager
         rows, self._rows = self._rows, []
+        hint = None
+        if self.session is not None and rows:
+            from prefixkv.policies import SessionHint
+            hint = SessionHint(self.session, end=end or self.end, time=time.monotonic())
         for row in rows:
-            manager.free(row.seq)
+            manager.free(row.seq, hint=hint)
         self._set_columns(0)
         self._forward = None
         self._depth = 0
