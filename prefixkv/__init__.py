@@ -4,11 +4,13 @@ The core (manager, pool, policies, sizing) needs only numpy, xxhash and
 sortedcontainers; torch and cupy are optional extras for storage and attention.
 """
 
-from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidTokens, InvariantViolation,
-                     OutOfBlocks, PolicyError, PrefixKVError, SequencePreempted, SequenceTooLong, UnknownSequence)
+from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidArgument, InvalidTokens, InvariantViolation,
+                     NoHostBlocks, OutOfBlocks, PolicyError, PrefixKVError, SequencePreempted, SequenceTooLong,
+                     UnknownSequence)
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .hashing import BlockHasher, ExtraKeys, MultiModalItem
 from .manager import KVCacheManager, PrefixMatch
+from .policies import SessionHint
 from .pool import BlockPool
 from .prompt import Prompt
 from .sizing import KVSpec, Plan, format_size, parse_size, plan, tail_waste
@@ -24,7 +26,8 @@ __all__ = [
     "KVSpec", "Plan", "plan", "tail_waste", "parse_size", "format_size", "CacheStats",
     "KVEvent", "BlockStored", "BlockRemoved", "AllBlocksCleared",
     "PrefixKVError", "PolicyError", "OutOfBlocks", "SequenceTooLong", "UnknownSequence", "SequencePreempted", "DuplicateSequence",
-    "InvalidTokens", "CacheBusy", "InvariantViolation", "HashMismatch",
+    "InvalidTokens", "CacheBusy", "InvariantViolation", "HashMismatch", "InvalidArgument", "NoHostBlocks",
+    "SessionHint",
     "Trace", "TraceRequest", "TraceFormatError", "load_trace", "replay", "ReplayResult",
     "WorkloadConfig", "DEFAULT_WORKLOAD", "generate_trace",
 ]

@@ -316,6 +316,7 @@ def _print_compare_tables(sources, policies, capacities, results, summary, mode,
             table.add_row("LRU->MIN gap closed",
                           *["-" if gaps[c]["gap_closed"] is None else f"{100 * gaps[c]['gap_closed']:.0f}%"
                             for c in caps])
+        _add_predictor_rows(table, rows, policies, caps)
         out.print(table)
         oversized = {r["capacity"]: (r["oversized_requests"], r["requests"]) for r in rows
                      if r["oversized_requests"]}
@@ -323,6 +324,26 @@ def _print_compare_tables(sources, policies, capacities, results, summary, mode,
             out.print("[yellow]requests larger than the whole cache, counted as all misses: "
                       + ", ".join(f"{n:,} of {total:,} at {c:,} blocks" for c, (n, total) in sorted(oversized.items()))
                       + "[/yellow]")
+
+
+def _add_predictor_rows(table, rows, policies, caps) -> None:
+    """For policies that forecast sessions (``predict``): how good the forecasts were, so a gain
+    in hit rate can be traced to better prediction (return AUC; mean |log| error of the gap)."""
+    by_cell = {(r["policy"], r["capacity"]): r for r in rows}
+    forecasters = [p for p in policies if any(by_cell.get((p, c), {}).get("return_auc") is not None
+                                              or by_cell.get((p, c), {}).get("arrival_log_error") is not None
+                                              for c in caps)]
+    if not forecasters:
+        return
+    table.add_section()
+
+    def cell(p, c, key):
+        value = by_cell.get((p, c), {}).get(key)
+        return "-" if value is None else f"{value:.3f}"
+
+    for p in forecasters:
+        table.add_row(f"{p}: return AUC", *[cell(p, c, "return_auc") for c in caps])
+        table.add_row(f"{p}: arrival log error", *[cell(p, c, "arrival_log_error") for c in caps])
 
 
 def cmd_workload(args: argparse.Namespace) -> int:
