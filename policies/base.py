@@ -45,9 +45,19 @@ the trace (``ReplayResult.return_auc`` / ``arrival_log_error``).
 Policies without ``on_hint`` / ``predict`` work unchanged: nothing else in the
 protocol changed.
 
-Optional, for speed: ``on_released_batch(blocks)`` means exactly ``on_released(b)``
-for each ``b`` in order; a pool calls it once per release instead (with
-``pool.hint`` set as above) when the policy defines it.
+Optional batch events, for speed (a pool uses each only when the class that
+defines the single event defines the batch one too, so a subclass overriding
+``evict`` alone is never bypassed):
+
+* ``on_released_batch(blocks)`` means exactly ``on_released(b)`` for each ``b``
+  in order; a pool calls it once per release instead (with ``pool.hint`` set as
+  above);
+* ``evict_many(k) -> list`` means exactly ``k`` successive ``evict()`` calls; a
+  pool calls it when one allocation needs ``k`` victims (no demotion hook, no
+  KV events, no active duplicates: otherwise it calls ``evict`` per block);
+* ``on_cached_batch(blocks)`` means exactly ``on_cached(b)`` for each ``b`` in
+  order, called after all of them are in the hash map. Without it, a policy
+  that overrides ``on_cached`` is told block by block as each is published.
 """
 
 from __future__ import annotations

@@ -101,16 +101,25 @@ def _run(policy: EvictionPolicy, ops: list[tuple], num_blocks: int, block_size: 
 
     from .base import SessionHint
 
-    mgr = KVCacheManager(num_blocks, block_size, policy=policy, hash_seed=0)
     evicted: list = []
     evict = policy.evict
+    evict_many = getattr(policy, "evict_many", None)
 
     def recording_evict():
         block = evict()
         evicted.append(mgr.pool.block_hash[block])
         return block
 
+    def recording_evict_many(k):
+        blocks = evict_many(k)
+        evicted.extend(mgr.pool.block_hash[block] for block in blocks)
+        return blocks
+
+    # patched before the pool binds the policy: the pool looks its batch methods up once
     policy.evict = recording_evict  # type: ignore[method-assign]
+    if evict_many is not None:
+        policy.evict_many = recording_evict_many  # type: ignore[method-assign]
+    mgr = KVCacheManager(num_blocks, block_size, policy=policy, hash_seed=0)
     for step, op in enumerate(ops):
         kind, *args = op
         try:

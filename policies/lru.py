@@ -4,11 +4,19 @@ Blocks are ordered by the time they became evictable. The manager releases a
 sequence's blocks tail-first, so a sequence's private tail is evicted before
 the prefix it shares with others. A hit takes the block out; its next release
 puts it at the most-recent end.
+
+Layout, chosen for Python's costs (no per-block hash-table work): the order is a
+queue of *runs*, one per release batch, oldest first, each a list of blocks in
+release order. A block's ``stamp`` is the serial of the run it is evictable in
+(0: not evictable). A hit only zeroes the stamp; the stale entry it leaves in its
+run is skipped when the run reaches the front (its stamp no longer names that
+run), and the runs are compacted when stale entries outnumber live ones. An
+eviction burst takes a slice of the front run at C speed.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 
 from .base import PolicyBase
 
@@ -17,27 +25,96 @@ class LRUPolicy(PolicyBase):
     name = "lru"
 
     def __init__(self) -> None:
-        # OrderedDict is a C doubly linked list: O(1) append, unlink and pop-oldest.
-        self._order: OrderedDict[int, None] = OrderedDict()
+        self._runs: deque[list] = deque()   # [serial, blocks, next index], oldest first
+        self._stamp: list[int] = []         # per block: serial of its run, 0 when not evictable
+        self._serial = 0
+        self._len = 0                       # evictable blocks
+        self._entries = 0                   # entries not yet consumed in the runs (live + stale)
+
+    def bind(self, pool) -> None:
+        super().bind(pool)
+        self._stamp = [0] * pool.num_blocks
 
     def on_released(self, block: int) -> None:
-        self._order[block] = None
+        if block >= len(self._stamp):     # driven without a pool (tests): grow on demand
+            self._stamp.extend([0] * (block + 1 - len(self._stamp)))
+        self.on_released_batch((block,))
+
+    def on_released_batch(self, blocks) -> None:
+        self._serial = serial = self._serial + 1
+        stamp = self._stamp
+        for block in blocks:
+            stamp[block] = serial
+        blocks = list(blocks)
+        self._runs.append([serial, blocks, 0])
+        self._len += len(blocks)
+        self._entries += len(blocks)
+        if self._entries > 2 * self._len + 4096:
+            self._compact()
 
     def on_hit(self, block: int, was_evictable: bool) -> None:
         if was_evictable:
-            del self._order[block]
+            self._stamp[block] = 0
+            self._len -= 1
 
     def evict(self) -> int:
-        return self._order.popitem(last=False)[0]
+        return self.evict_many(1)[0]
+
+    def evict_many(self, k: int) -> list[int]:
+        if k > self._len:
+            raise IndexError(f"evict_many({k}) with {self._len} evictable blocks")
+        out: list[int] = []
+        runs = self._runs
+        stamp = self._stamp
+        get = stamp.__getitem__
+        while k:
+            run = runs[0]
+            serial, blocks, pos = run
+            chunk = blocks[pos:pos + k]
+            if list(map(get, chunk)).count(serial) == len(chunk):   # no stale entry: take it whole
+                out += chunk
+                k -= len(chunk)
+                pos += len(chunk)
+            else:
+                for block in chunk:
+                    pos += 1
+                    if stamp[block] == serial:
+                        out.append(block)
+                        k -= 1
+                        if not k:
+                            break
+            self._entries -= pos - run[2]
+            if pos == len(blocks):
+                runs.popleft()
+            else:
+                run[2] = pos
+        for block in out:
+            stamp[block] = 0
+        self._len -= len(out)
+        return out
+
+    def _compact(self) -> None:
+        """Drop stale entries (O(entries), after at least as many releases)."""
+        stamp = self._stamp
+        runs: deque[list] = deque()
+        for serial, blocks, pos in self._runs:
+            live = [b for b in blocks[pos:] if stamp[b] == serial]
+            if live:
+                runs.append([serial, live, 0])
+        self._runs = runs
+        self._entries = self._len
 
     def clear(self) -> None:
-        self._order.clear()
+        self._runs.clear()
+        self._stamp[:] = [0] * len(self._stamp)
+        self._len = self._entries = 0
 
     def __len__(self) -> int:
-        return len(self._order)
+        return self._len
 
     def __contains__(self, block: int) -> bool:
-        return block in self._order
+        return 0 <= block < len(self._stamp) and self._stamp[block] != 0
 
     def snapshot(self) -> tuple[int, ...]:
-        return tuple(self._order)
+        stamp = self._stamp
+        return tuple(b for serial, blocks, pos in self._runs for b in blocks[pos:] if stamp[b] == serial)

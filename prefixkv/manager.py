@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Hashable, Iterable, Sequence
 
@@ -223,6 +224,19 @@ class KVCacheManager:
                     break
                 hits.append(block)
             return hits
+        if limit > len(hashes):
+            limit = len(hashes)
+        # A fresh prompt misses at once; a cached one usually hits to its end: both are told by one
+        # lookup each. All hits: one itemgetter over the hash map (C, raises KeyError at a miss).
+        if not limit or get(hashes[0]) is None:
+            return []
+        if limit == 1:
+            return [get(hashes[0])]
+        if get(hashes[limit - 1]) is not None:
+            try:
+                return list(itemgetter(*hashes[:limit])(self.pool.cached_map))
+            except KeyError:
+                pass
         # Looking up every hash (even past the first miss) in C beats a Python loop that stops early.
         hits = list(map(get, hashes[:limit]))
         if None in hits:
@@ -274,7 +288,15 @@ class KVCacheManager:
             device = [b for i, b in enumerate(hits) if i not in loaded]
         else:
             device = hits
-        pinned = list(map(ref.__getitem__, device)).count(0)
+        pool = self.pool
+        if not device or not pool.num_evictable:
+            pinned = 0
+        elif not pool.num_active:      # an idle pool: every hit is evictable
+            pinned = len(device)
+        elif len(device) == 1:
+            pinned = int(not ref[device[0]])
+        else:
+            pinned = itemgetter(*device)(ref).count(0)
         return total, total - len(device) + pinned
 
     def match(self, prompt, *, compute_last_token: bool = True) -> PrefixMatch:
@@ -411,6 +433,16 @@ class KVCacheManager:
         pool = self.pool
         hashes = seq.hashes
         table = seq.table
+        if not pool.verify and pool.events is None:
+            # nothing to compare or report per block: the pool publishes the run in one pass
+            end = min(stop, len(hashes))
+            if first < end:
+                pool.publish_run(table[first:end], hashes[first:end], hashes[first - 1] if first else None, first)
+                if published is not None:
+                    published.extend((table[i], hashes, i, seq.tokens, seq.extra) for i in range(first, end))
+            if len(hashes) < stop:
+                seq.publishable = False
+            return
         verify = pool.verify and seq.tokens is not None
         events = pool.events is not None
         extra = seq.extra if events else None

@@ -28,6 +28,15 @@ from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .hashing import ExtraKeys
 
 
+def _batch_method(policy, single: str, batch: str):
+    """The policy's bound ``batch`` method, if the class that defines ``single`` defines it too
+    (a subclass that overrides only ``evict`` must not be bypassed by its parent's ``evict_many``)."""
+    for cls in type(policy).__mro__:
+        if single in cls.__dict__:
+            return getattr(policy, batch) if batch in cls.__dict__ else None
+    return getattr(policy, batch, None)
+
+
 class BlockPool:
     def __init__(self, num_blocks: int, block_size: int, policy, *, verify: bool = False,
                  record_events: bool = False, track_reuse: bool = False, medium: str | None = None) -> None:
@@ -46,6 +55,7 @@ class BlockPool:
         self.priority: list[int] = [0] * num_blocks        # of the last sequence releasing it
         self.content: list[bytes | None] = [None] * num_blocks if verify else []
         self._cached: dict[Hashable, int] = {}             # hash -> primary block
+        self.cached_map = self._cached                     # read-only to callers (batched lookups)
         # lookup(hash) -> primary block or None; bound once, it is the hottest call.
         self.lookup = self._cached.get
         self._duplicate_hash: dict[int, Hashable] = {}     # active duplicate -> its hash
@@ -73,6 +83,15 @@ class BlockPool:
                              "keeps per-pool state, so give each pool (each replay) a fresh one or a name")
         self.policy = policy
         policy.bind(self)
+        # Optional batch events (policies/base.py), looked up once: the hot paths call them per batch.
+        self._evict_many = _batch_method(policy, "evict", "evict_many")
+        self._released_batch = _batch_method(policy, "on_released", "on_released_batch")
+        from .policies.base import PolicyBase
+
+        self._cached_batch = getattr(policy, "on_cached_batch", None)
+        # None: on_cached is the base class's no-op, so a batch publish need not call it at all
+        self._on_cached = None if getattr(type(policy), "on_cached", None) is PolicyBase.on_cached \
+            else policy.on_cached
 
     # -- questions -----------------------------------------------------------
     @property
@@ -148,9 +167,13 @@ class BlockPool:
                 raise OutOfBlocks(n, available)
             out = free[::-1]
             free.clear()
-            evict = self._evict_one
             try:
-                out.extend(evict() for _ in range(n - len(out)))
+                if (self._evict_many is not None and self.on_evict is None and self.events is None
+                        and not self._duplicates):
+                    self._evict_batch(n - len(out), out)
+                else:
+                    evict = self._evict_one
+                    out.extend(evict() for _ in range(n - len(out)))
             except PolicyError:
                 free.extend(reversed(out))  # the free blocks, and the victims taken so far (now uncached)
                 raise
@@ -189,6 +212,63 @@ class BlockPool:
                 self.unused_removals += 1
         self._drop_hash(block, block_hash)
         return block
+
+    def _evict_batch(self, k: int, out: list[int]) -> None:
+        """``k`` victims from the policy's ``evict_many``, uncached and appended to ``out``: the
+        work of ``k`` ``_evict_one`` calls (no events, no duplicates, no demotion hook) in one
+        loop. A victim that is not an evictable cached block raises PolicyError; the victims
+        before it are in ``out`` (uncached), the ones after it go back to the policy."""
+        name = getattr(self.policy, "name", type(self.policy).__name__)
+        try:
+            victims = self._evict_many(k)
+        except Exception as exc:
+            raise PolicyError(f"eviction policy {name!r} raised in evict_many(): {type(exc).__name__}: {exc}") from exc
+        block_hash = self.block_hash
+        ref = self.ref_count
+        cached = self._cached
+        reused = self._reused
+        unused = 0
+        done = 0
+        size = len(cached)
+        try:
+            if len(victims) != k or min(victims) < 0:
+                raise PolicyError(f"eviction policy {name!r} returned {len(victims)} blocks from "
+                                  f"evict_many({k}), or a negative one")
+            hashes = list(map(block_hash.__getitem__, victims))   # IndexError, TypeError: not block ids
+            if any(map(ref.__getitem__, victims)):
+                done = next(i for i, block in enumerate(victims) if ref[block])    # the first active one
+                for i in range(done):
+                    del cached[hashes[i]]
+                raise KeyError
+            # None (an uncached block) and a block returned twice raise KeyError at that block
+            # (a loop: dict.__delitem__ through map is a slow slot wrapper)
+            for h in hashes:
+                del cached[h]
+            done = k
+        except (IndexError, TypeError, KeyError):
+            if not done:
+                done = size - len(cached)     # deleted before the failing one
+            raise PolicyError(f"eviction policy {name!r} returned {victims[done]!r} from evict_many(), "
+                              "which is not an evictable cached block") from None
+        finally:
+            taken = victims[:done]
+            for block in taken:
+                block_hash[block] = None
+            out.extend(taken)
+            self.evictions += done
+            if reused is not None:
+                for block in taken:
+                    if reused[block]:
+                        reused[block] = False
+                    else:
+                        unused += 1
+                self.unused_removals += unused
+            if done < len(victims):      # give the policy back the valid victims it lost
+                on_released = self.policy.on_released
+                for block in victims[done + 1:]:
+                    if (type(block) is int and 0 <= block < self.num_blocks and block_hash[block] is not None
+                            and not ref[block] and block not in self.policy):
+                        on_released(block)
 
     def _drop_hash(self, block: int, block_hash: Hashable) -> None:
         """``block`` no longer holds ``block_hash``: an active duplicate takes the hash over, or
@@ -253,6 +333,53 @@ class BlockPool:
                                            self.medium, token_ids))
         return True
 
+    def publish_run(self, blocks: list[int], hashes: list[Hashable], parent_hash: Hashable | None,
+                    depth: int) -> None:
+        """``publish(blocks[i], hashes[i], hashes[i - 1] (parent_hash for i = 0), depth + i)`` for
+        each ``i`` in order, without verify mode or events (the caller checks both are off).
+        Same results and the same policy events, in one pass: the hash map is updated by C
+        (``setdefault`` tells the hashes already cached, which become duplicates)."""
+        if not blocks:
+            return
+        on_cached = self._on_cached
+        if on_cached is not None and self._cached_batch is None:
+            # a per-block on_cached may look at the hash map: it must see it block by block
+            parent = parent_hash
+            for block, h in zip(blocks, hashes):
+                self.publish(block, h, parent, depth)
+                parent = h
+                depth += 1
+            return
+        cached = self._cached
+        got = list(map(cached.setdefault, hashes, blocks))
+        block_hash, parents, depths = self.block_hash, self.parent_hash, self.depth
+        if got == blocks:     # nothing was cached yet: every block is a new primary
+            parent = parent_hash
+            for block, h in zip(blocks, hashes):
+                block_hash[block] = h
+                parents[block] = parent
+                depths[block] = depth
+                parent = h
+                depth += 1
+            if on_cached is not None:
+                self._cached_batch(blocks)
+            return
+        parent = parent_hash
+        primaries = []
+        for block, h, primary in zip(blocks, hashes, got):
+            if primary != block:     # already cached: a duplicate of its primary
+                self._duplicate_hash[block] = h
+                self._duplicates.setdefault(h, []).append(block)
+            else:
+                block_hash[block] = h
+                parents[block] = parent
+                depths[block] = depth
+                primaries.append(block)
+            parent = h
+            depth += 1
+        if on_cached is not None and primaries:
+            self._cached_batch(primaries)
+
     def release(self, blocks_in_order: Iterable[int], priority: int = 0, hint=None) -> None:
         """Drop one reference from each block, in the order given (tail first).
 
@@ -281,10 +408,11 @@ class BlockPool:
         ref = self.ref_count
         block_hash = self.block_hash
         free_append = self._free.append
-        batch = getattr(self.policy, "on_released_batch", None)
+        batch = self._released_batch
         released: list[int] = []
         on_released = self.policy.on_released if batch is None else released.append
         prio = self.priority
+        duplicates = self._duplicate_hash
         for block in blocks_in_order:
             count = ref[block] - 1
             ref[block] = count
@@ -294,7 +422,7 @@ class BlockPool:
                 prio[block] = priority
                 on_released(block)
             else:
-                if self._duplicate_hash:
+                if duplicates:
                     self._drop_duplicate(block)
                 free_append(block)
         if released:

@@ -96,7 +96,7 @@ def test_an_evict_that_returns_a_non_candidate_is_refused():
     from prefixkv import PolicyError
 
     def evict(self):
-        self._order.popitem(last=False)
+        self.evict_many(1)      # the LRU victim is taken, then a block id that is no candidate returned
         return 10_000
 
     mgr = KVCacheManager(2, 4, policy=_broken_lru(evict), hash_seed=0)

@@ -101,7 +101,9 @@ def test_third_party_policy_through_an_entry_point(tmp_path, monkeypatch):
         "class MRU(LRUPolicy):\n"
         "    name = 'mru'\n"
         "    def evict(self):\n"
-        "        return self._order.popitem(last=True)[0]\n")
+        "        block = self.snapshot()[-1]   # most recent first (slow, but only public calls)\n"
+        "        self.on_hit(block, True)\n"
+        "        return block\n")
     dist = tmp_path / "mru_plugin-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: mru-plugin\nVersion: 0.1\n")

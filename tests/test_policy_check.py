@@ -30,7 +30,42 @@ class KeepsHitBlocks(LRUPolicy):
         pass
 
 
-class RandomVictim(LRUPolicy):
+class OrderedLRU(LRUPolicy):
+    """LRU over an OrderedDict (LRUPolicy's own layout is internal): the broken variants below
+    change one method of it."""
+
+    def __init__(self):
+        super().__init__()
+        self._order = OrderedDict()
+
+    def on_released(self, block):
+        self._order[block] = None
+
+    on_released_batch = None
+
+    def on_hit(self, block, was_evictable):
+        if was_evictable:
+            del self._order[block]
+
+    def evict(self):
+        return self._order.popitem(last=False)[0]
+
+    evict_many = None
+
+    def clear(self):
+        self._order.clear()
+
+    def __len__(self):
+        return len(self._order)
+
+    def __contains__(self, block):
+        return block in self._order
+
+    def snapshot(self):
+        return tuple(self._order)
+
+
+class RandomVictim(OrderedLRU):
     """Unseeded randomness: replays are not reproducible."""
 
     def evict(self):
@@ -39,7 +74,7 @@ class RandomVictim(LRUPolicy):
         return block
 
 
-class EvictsItsNewest(LRUPolicy):
+class EvictsItsNewest(OrderedLRU):
     """Valid, but pops the wrong end: it must pass (behaviour is the policy's business)."""
 
     def evict(self):
