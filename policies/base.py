@@ -55,6 +55,8 @@ defines the single event defines the batch one too, so a subclass overriding
 * ``evict_many(k) -> list`` means exactly ``k`` successive ``evict()`` calls; a
   pool calls it when one allocation needs ``k`` victims (no demotion hook, no
   KV events, no active duplicates: otherwise it calls ``evict`` per block);
+* ``on_hit_batch(blocks)`` means exactly ``on_hit(b, True)`` for each ``b`` in
+  order; a pool calls it when every block of a hit was evictable, each listed once;
 * ``on_cached_batch(blocks)`` means exactly ``on_cached(b)`` for each ``b`` in
   order, called after all of them are in the hash map. Without it, a policy
   that overrides ``on_cached`` is told block by block as each is published.

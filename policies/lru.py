@@ -17,12 +17,15 @@ eviction burst takes a slice of the front run at C speed.
 from __future__ import annotations
 
 from collections import deque
+from itertools import compress, repeat
+from operator import eq
 
 from .base import PolicyBase
 
 
 class LRUPolicy(PolicyBase):
     name = "lru"
+    reads_chain = False     # never reads pool.parent_hash / pool.depth (policies/base.py)
 
     def __init__(self) -> None:
         self._runs: deque[list] = deque()   # [serial, blocks, next index], oldest first
@@ -57,6 +60,12 @@ class LRUPolicy(PolicyBase):
             self._stamp[block] = 0
             self._len -= 1
 
+    def on_hit_batch(self, blocks: list[int]) -> None:
+        stamp = self._stamp
+        for block in blocks:
+            stamp[block] = 0
+        self._len -= len(blocks)
+
     def evict(self) -> int:
         return self.evict_many(1)[0]
 
@@ -70,19 +79,16 @@ class LRUPolicy(PolicyBase):
         while k:
             run = runs[0]
             serial, blocks, pos = run
-            chunk = blocks[pos:pos + k]
-            if list(map(get, chunk)).count(serial) == len(chunk):   # no stale entry: take it whole
+            chunk = blocks[pos:pos + k]      # at most k live entries: never takes too many
+            stamps = list(map(get, chunk))
+            if stamps.count(serial) == len(chunk):   # no stale entry: take it whole
                 out += chunk
                 k -= len(chunk)
-                pos += len(chunk)
             else:
-                for block in chunk:
-                    pos += 1
-                    if stamp[block] == serial:
-                        out.append(block)
-                        k -= 1
-                        if not k:
-                            break
+                taken = list(compress(chunk, map(eq, stamps, repeat(serial))))
+                out += taken
+                k -= len(taken)
+            pos += len(chunk)
             self._entries -= pos - run[2]
             if pos == len(blocks):
                 runs.popleft()

@@ -253,6 +253,19 @@ class BlockHasher:
 def as_hash_list(block_hashes: Sequence[object]) -> list[object]:
     """Precomputed hashes as a list, rejecting unhashable or None entries."""
     out = list(block_hashes)
+    # Fast accept at C speed: ints (trace hash ids) sum to an int, and every int is hashable and
+    # not None. Anything else (bytes digests, or a sum that fails) is checked as a set (C speed),
+    # and only a bad entry is looked for one by one.
+    try:
+        if type(sum(out)) is int:
+            return out
+    except TypeError:
+        pass
+    try:
+        if None not in set(out):
+            return out
+    except TypeError:
+        pass
     for i, h in enumerate(out):
         if h is None:
             raise ValueError(f"block hash {i} is None")

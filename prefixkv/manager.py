@@ -144,6 +144,7 @@ class KVCacheManager:
             self.host.pool.events = self.pool.events          # one ordered stream for every tier
             if self.host.cache:
                 self.pool.on_evict = self._demote
+                self.pool.keep_chain = True     # a demoted block takes its parent and depth down
         # Lower-tier hits are taken unless moving a block costs more than recomputing it.
         self.load_gate = load_gate
         self._take_lower = load_gate is None or load_gate.swap_one_way_s(
@@ -237,10 +238,18 @@ class KVCacheManager:
                 return list(itemgetter(*hashes[:limit])(self.pool.cached_map))
             except KeyError:
                 pass
-        # Looking up every hash (even past the first miss) in C beats a Python loop that stops early.
-        hits = list(map(get, hashes[:limit]))
-        if None in hits:
-            del hits[hits.index(None):]
+        # Looking up hashes in C (map) beats a Python loop that stops at the first miss; in
+        # doubling chunks, so a miss early in a long prompt does not look up all the rest.
+        hits: list[int] = []
+        start, step = 0, 32
+        while start < limit:
+            part = list(map(get, hashes[start:min(start + step, limit)]))
+            if None in part:
+                hits += part[:part.index(None)]
+                return hits
+            hits += part
+            start += step
+            step *= 2
         return hits
 
     def _lower_hits(self, prompt: Prompt, compute_last_token: bool, hits: list[int]) -> list[tuple[int, int]]:

@@ -86,6 +86,12 @@ class BlockPool:
         # Optional batch events (policies/base.py), looked up once: the hot paths call them per batch.
         self._evict_many = _batch_method(policy, "evict", "evict_many")
         self._released_batch = _batch_method(policy, "on_released", "on_released_batch")
+        self._hit_batch = _batch_method(policy, "on_hit", "on_hit_batch")
+        # parent_hash / depth of published blocks are kept for policies that read them, for a
+        # tier below (demotion copies them; the manager sets keep_chain) and in verify mode.
+        # A policy class that declares ``reads_chain = False`` itself (not inherited) saves the stores.
+        self.keep_chain = type(policy).__dict__.get("reads_chain", True) is not False
+        self._priorities_used = False      # a release with a priority other than 0 happened
         from .policies.base import PolicyBase
 
         self._cached_batch = getattr(policy, "on_cached_batch", None)
@@ -137,6 +143,19 @@ class BlockPool:
         ref = self.ref_count
         on_hit = self.policy.on_hit
         reused = self._reused
+        hit_batch = self._hit_batch
+        if hit_batch is not None:
+            blocks = list(blocks)
+            if len(blocks) > 1 and list(map(ref.__getitem__, blocks)).count(0) == len(blocks) and \
+                    len(set(blocks)) == len(blocks):
+                # every block was evictable, each once: on_hit(b, True) for each, in one call
+                hit_batch(blocks)
+                for block in blocks:
+                    ref[block] = 1
+                if reused is not None:
+                    for block in blocks:
+                        reused[block] = True
+                return
         if reused is None:
             for block in blocks:
                 count = ref[block]
@@ -227,7 +246,6 @@ class BlockPool:
         ref = self.ref_count
         cached = self._cached
         reused = self._reused
-        unused = 0
         done = 0
         size = len(cached)
         try:
@@ -257,12 +275,9 @@ class BlockPool:
             out.extend(taken)
             self.evictions += done
             if reused is not None:
+                self.unused_removals += list(map(reused.__getitem__, taken)).count(False)
                 for block in taken:
-                    if reused[block]:
-                        reused[block] = False
-                    else:
-                        unused += 1
-                self.unused_removals += unused
+                    reused[block] = False
             if done < len(victims):      # give the policy back the valid victims it lost
                 on_released = self.policy.on_released
                 for block in victims[done + 1:]:
@@ -353,6 +368,12 @@ class BlockPool:
         cached = self._cached
         got = list(map(cached.setdefault, hashes, blocks))
         block_hash, parents, depths = self.block_hash, self.parent_hash, self.depth
+        if got == blocks and not self.keep_chain:
+            for block, h in zip(blocks, hashes):
+                block_hash[block] = h
+            if on_cached is not None:
+                self._cached_batch(blocks)
+            return
         if got == blocks:     # nothing was cached yet: every block is a new primary
             parent = parent_hash
             for block, h in zip(blocks, hashes):
@@ -409,6 +430,23 @@ class BlockPool:
         block_hash = self.block_hash
         free_append = self._free.append
         batch = self._released_batch
+        if priority:
+            self._priorities_used = True
+        if batch is not None and not self._duplicate_hash:
+            blocks = list(blocks_in_order)
+            if list(map(ref.__getitem__, blocks)).count(1) == len(blocks) and None not in map(
+                    block_hash.__getitem__, blocks):
+                # the common release: every block drops to 0 and stays cached (C-speed checks; a block
+                # listed twice would have had a count of 2)
+                for block in blocks:
+                    ref[block] = 0
+                if self._priorities_used:
+                    prio = self.priority
+                    for block in blocks:
+                        prio[block] = priority
+                batch(blocks)
+                return
+            blocks_in_order = blocks
         released: list[int] = []
         on_released = self.policy.on_released if batch is None else released.append
         prio = self.priority
