@@ -23,6 +23,9 @@ Every event must cost O(1) or O(log n); no rebuild of an order per eviction.
 One policy object serves one pool (``bind`` does not reset state); it may size
 itself from ``pool.num_blocks`` and ``pool.block_size`` at ``bind`` and keep
 references to the pool's metadata lists (they are refilled in place on reset).
+Those lists cover only the blocks handed out so far (``len(pool.block_hash)``)
+and grow in place; a policy that keeps its own per-block list sizes it to that
+length at ``bind`` and defines ``on_grow(num_blocks)``, called after each growth.
 ``pool.priority[block]`` is the priority of the sequence that released the
 block last: larger means more important.
 
@@ -57,6 +60,9 @@ defines the single event defines the batch one too, so a subclass overriding
   KV events, no active duplicates: otherwise it calls ``evict`` per block);
 * ``on_hit_batch(blocks)`` means exactly ``on_hit(b, True)`` for each ``b`` in
   order; a pool calls it when every block of a hit was evictable, each listed once;
+* ``reads_chain = False`` (a class attribute the policy's own class declares, not
+  inherited) says the policy never reads ``pool.parent_hash`` / ``pool.depth``: a pool
+  without a tier below then skips storing them on publish;
 * ``on_cached_batch(blocks)`` means exactly ``on_cached(b)`` for each ``b`` in
   order, called after all of them are in the hash map. Without it, a policy
   that overrides ``on_cached`` is told block by block as each is published.

@@ -36,7 +36,10 @@ class LRUPolicy(PolicyBase):
 
     def bind(self, pool) -> None:
         super().bind(pool)
-        self._stamp = [0] * pool.num_blocks
+        self._stamp = [0] * len(pool.block_hash)
+
+    def on_grow(self, num_blocks: int) -> None:
+        self._stamp.extend([0] * (num_blocks - len(self._stamp)))
 
     def on_released(self, block: int) -> None:
         if block >= len(self._stamp):     # driven without a pool (tests): grow on demand

@@ -646,7 +646,11 @@ class KVCacheManager:
             raise InvalidArgument("hint", f"must be a prefixkv.policies.SessionHint or None, "
                                           f"got {type(hint).__name__}")
         if seq.table:
-            self.pool.release(reversed(seq.table), seq.priority, hint)
+            pool = self.pool
+            # every block published, none a duplicate: each holds its hash (the pool skips a check)
+            cached = (seq.publishable and len(seq.hashes) >= len(seq.table) and self.enable_caching
+                      and not pool._duplicate_hash)
+            pool.release(reversed(seq.table), seq.priority, hint, all_cached=cached)
         elif hint is not None:
             self.pool.release((), seq.priority, hint)   # the policy still learns the session's arrival
         del self._seqs[seq_id]

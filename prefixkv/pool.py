@@ -9,7 +9,9 @@ Every block is in exactly one state:
 Conservation: active + evictable + free-uncached == num_blocks.
 
 Per-block metadata lives in flat lists indexed by block id (no per-block
-objects): the hot paths are a few list stores per block.
+objects): the hot paths are a few list stores per block. The lists cover the
+blocks handed out so far and grow as allocation first reaches further; the
+free-uncached blocks beyond them are a counter, not a list.
 
 Two physical blocks can hold the same hash (two sequences filled the same
 content without hitting each other, or a fully cached prompt recomputed its
@@ -47,20 +49,26 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.verify = verify
-        self.ref_count: list[int] = [0] * num_blocks
-        self.num_tokens: list[int] = [0] * num_blocks      # valid token slots
-        self.block_hash: list[Hashable | None] = [None] * num_blocks  # primaries only
-        self.parent_hash: list[Hashable | None] = [None] * num_blocks
-        self.depth: list[int] = [0] * num_blocks           # index in its prefix chain
-        self.priority: list[int] = [0] * num_blocks        # of the last sequence releasing it
-        self.content: list[bytes | None] = [None] * num_blocks if verify else []
+        # Per-block metadata exists for blocks [0, len(ref_count)) only: the lists grow (in place)
+        # as allocation first reaches further, so an empty pool of 10^8 blocks costs nothing.
+        # Every block a caller or a policy is ever given is inside them.
+        self.ref_count: list[int] = []
+        self.num_tokens: list[int] = []                    # valid token slots
+        self.block_hash: list[Hashable | None] = []        # primaries only
+        self.parent_hash: list[Hashable | None] = []
+        self.depth: list[int] = []                         # index in its prefix chain
+        self.priority: list[int] = []                      # of the last sequence releasing it
+        self.content: list[bytes | None] = []              # verify mode only
         self._cached: dict[Hashable, int] = {}             # hash -> primary block
         self.cached_map = self._cached                     # read-only to callers (batched lookups)
         # lookup(hash) -> primary block or None; bound once, it is the hottest call.
         self.lookup = self._cached.get
         self._duplicate_hash: dict[int, Hashable] = {}     # active duplicate -> its hash
         self._duplicates: dict[Hashable, list[int]] = {}   # hash -> active duplicates
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pops block 0 first
+        # Free-uncached blocks: the released ones (a LIFO stack) and every block from ``_fresh`` on,
+        # never handed out (taken in ascending order once the stack is empty): block 0 goes first.
+        self._free: list[int] = []
+        self._fresh = 0
         self.evictions = 0
         # Residencies: a hash cached in a physical block, from publish (or a duplicate's promotion)
         # to eviction or reset. ``insertions`` is derived (nothing is counted per publish, a hot
@@ -69,7 +77,7 @@ class BlockPool:
         self.cleared = 0                                   # residencies ended by clear_cache
         self.forgotten = 0                                 # residencies ended by forget (moved up a tier)
         self.unused_removals: int | None = 0 if track_reuse else None  # ended without a single hit
-        self._reused: list[bool] | None = [False] * num_blocks if track_reuse else None
+        self._reused: list[bool] | None = [] if track_reuse else None
         self.events: list[KVEvent] | None = [] if record_events else None
         # The SessionHint of the release in progress (None outside a hinted release): policies read it
         # in on_released, as they read ``priority`` (see policies/base.py).
@@ -83,6 +91,7 @@ class BlockPool:
                              "keeps per-pool state, so give each pool (each replay) a fresh one or a name")
         self.policy = policy
         policy.bind(self)
+        self._on_grow = getattr(policy, "on_grow", None)
         # Optional batch events (policies/base.py), looked up once: the hot paths call them per batch.
         self._evict_many = _batch_method(policy, "evict", "evict_many")
         self._released_batch = _batch_method(policy, "on_released", "on_released_batch")
@@ -103,11 +112,11 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks an allocation can take: uncached free plus evictable cached."""
-        return len(self._free) + len(self.policy)
+        return len(self._free) + self.num_blocks - self._fresh + len(self.policy)
 
     @property
     def num_free_uncached(self) -> int:
-        return len(self._free)
+        return len(self._free) + self.num_blocks - self._fresh
 
     @property
     def num_evictable(self) -> int:
@@ -115,7 +124,30 @@ class BlockPool:
 
     @property
     def num_active(self) -> int:
-        return self.num_blocks - len(self._free) - len(self.policy)
+        return self._fresh - len(self._free) - len(self.policy)
+
+    def _take_fresh(self, k: int) -> list[int]:
+        """The next ``k`` never-used blocks (ascending), their metadata made first."""
+        start = self._fresh
+        stop = self._fresh = start + k
+        have = len(self.ref_count)
+        if stop > have:
+            # grow geometrically: amortised O(1) per block, in place (policies keep the lists)
+            new = min(self.num_blocks, max(stop, 2 * have, 1024))
+            grow = new - have
+            self.ref_count.extend([0] * grow)
+            self.num_tokens.extend([0] * grow)
+            self.block_hash.extend([None] * grow)
+            self.parent_hash.extend([None] * grow)
+            self.depth.extend([0] * grow)
+            self.priority.extend([0] * grow)
+            if self.verify:
+                self.content.extend([None] * grow)
+            if self._reused is not None:
+                self._reused.extend([False] * grow)
+            if self._on_grow is not None:
+                self._on_grow(new)
+        return list(range(start, stop))
 
     @property
     def num_cached(self) -> int:
@@ -180,27 +212,32 @@ class BlockPool:
         Raises OutOfBlocks (changing nothing) if fewer than ``n`` can be freed.
         """
         free = self._free
-        if n > len(free):
-            available = len(free) + len(self.policy)
-            if n > available:
-                raise OutOfBlocks(n, available)
-            out = free[::-1]
-            free.clear()
-            try:
-                if (self._evict_many is not None and self.on_evict is None and self.events is None
-                        and not self._duplicates):
-                    self._evict_batch(n - len(out), out)
-                else:
-                    evict = self._evict_one
-                    out.extend(evict() for _ in range(n - len(out)))
-            except PolicyError:
-                free.extend(reversed(out))  # the free blocks, and the victims taken so far (now uncached)
-                raise
-        elif n:
+        if n <= len(free):
+            if not n:
+                return []
             out = free[:-n - 1:-1]
             del free[-n:]
         else:
-            return []
+            fresh = self.num_blocks - self._fresh
+            if n > len(free) + fresh:
+                available = len(free) + fresh + len(self.policy)
+                if n > available:
+                    raise OutOfBlocks(n, available)
+            out = free[::-1]
+            free.clear()
+            if fresh:
+                out += self._take_fresh(min(fresh, n - len(out)))
+            if len(out) < n:
+                try:
+                    if (self._evict_many is not None and self.on_evict is None and self.events is None
+                            and not self._duplicates):
+                        self._evict_batch(n - len(out), out)
+                    else:
+                        evict = self._evict_one
+                        out.extend(evict() for _ in range(n - len(out)))
+                except PolicyError:
+                    free.extend(reversed(out))  # the free blocks, and the victims taken so far (now uncached)
+                    raise
         ref = self.ref_count
         for block in out:
             ref[block] = 1
@@ -281,7 +318,7 @@ class BlockPool:
             if done < len(victims):      # give the policy back the valid victims it lost
                 on_released = self.policy.on_released
                 for block in victims[done + 1:]:
-                    if (type(block) is int and 0 <= block < self.num_blocks and block_hash[block] is not None
+                    if (type(block) is int and 0 <= block < len(block_hash) and block_hash[block] is not None
                             and not ref[block] and block not in self.policy):
                         on_released(block)
 
@@ -401,13 +438,15 @@ class BlockPool:
         if on_cached is not None and primaries:
             self._cached_batch(primaries)
 
-    def release(self, blocks_in_order: Iterable[int], priority: int = 0, hint=None) -> None:
+    def release(self, blocks_in_order: Iterable[int], priority: int = 0, hint=None, *,
+                all_cached: bool = False) -> None:
         """Drop one reference from each block, in the order given (tail first).
 
         A block whose count reaches 0 becomes evictable if it is a cached
         primary, else goes back to the uncached free list. A ``hint``
         (``SessionHint``) goes to the policy's ``on_hint`` first and is
-        ``self.hint`` while the blocks are released.
+        ``self.hint`` while the blocks are released. ``all_cached``: the caller knows that
+        every block holds a hash (a check of the fast path is skipped).
         """
         if hint is not None:
             on_hint = getattr(self.policy, "on_hint", None)
@@ -419,13 +458,13 @@ class BlockPool:
                                       f"raised in on_hint(): {type(exc).__name__}: {exc}") from exc
             self.hint = hint
             try:
-                self._release(blocks_in_order, priority)
+                self._release(blocks_in_order, priority, all_cached)
             finally:
                 self.hint = None
             return
-        self._release(blocks_in_order, priority)
+        self._release(blocks_in_order, priority, all_cached)
 
-    def _release(self, blocks_in_order: Iterable[int], priority: int) -> None:
+    def _release(self, blocks_in_order: Iterable[int], priority: int, all_cached: bool = False) -> None:
         ref = self.ref_count
         block_hash = self.block_hash
         free_append = self._free.append
@@ -434,8 +473,8 @@ class BlockPool:
             self._priorities_used = True
         if batch is not None and not self._duplicate_hash:
             blocks = list(blocks_in_order)
-            if list(map(ref.__getitem__, blocks)).count(1) == len(blocks) and None not in map(
-                    block_hash.__getitem__, blocks):
+            if list(map(ref.__getitem__, blocks)).count(1) == len(blocks) and (
+                    all_cached or None not in map(block_hash.__getitem__, blocks)):
                 # the common release: every block drops to 0 and stays cached (C-speed checks; a block
                 # listed twice would have had a count of 2)
                 for block in blocks:
@@ -490,20 +529,21 @@ class BlockPool:
                 self.forget(block)
         if self._reused is not None:
             self.unused_removals += self.num_unused_cached()
-            self._reused[:] = [False] * self.num_blocks
+            self._reused[:] = [False] * len(self._reused)
         self.cleared += len(self._cached)
         self._cached.clear()
         self._duplicates.clear()
         self._duplicate_hash.clear()
         # Refill in place: policies may keep references to these lists across a reset.
-        n = self.num_blocks
+        n = len(self.block_hash)
         self.block_hash[:] = [None] * n
         self.parent_hash[:] = [None] * n
         self.depth[:] = [0] * n
         if self.verify:
             self.content[:] = [None] * n
         self.policy.clear()
-        self._free[:] = (b for b in range(n - 1, -1, -1) if b not in held)
+        # every block handed out so far and not held: free again, lowest first (as after a build)
+        self._free[:] = (b for b in range(self._fresh - 1, -1, -1) if b not in held)
         if self.events is not None:
             self.events.append(AllBlocksCleared(self.medium))
 
@@ -517,16 +557,23 @@ class BlockPool:
     def check(self, tables: Iterable[list[int]]) -> None:
         """Verify the pool against the block tables that hold its blocks."""
         n = self.num_blocks
-        holders = [0] * n
+        made = len(self.ref_count)     # blocks with metadata; every one from _fresh on is free
+        if not self._fresh <= made <= n or any(len(values) != made for values in (
+                self.num_tokens, self.block_hash, self.parent_hash, self.depth, self.priority)):
+            raise InvariantViolation(f"per-block metadata covers {made} blocks, {self._fresh} handed out")
+        holders = [0] * made
         for table in tables:
             for block in table:
-                if not 0 <= block < n:
-                    raise InvariantViolation(f"block table holds out-of-range block {block}")
+                if not 0 <= block < self._fresh:
+                    raise InvariantViolation(f"block table holds out-of-range or never-allocated block {block}")
                 holders[block] += 1
         free = set(self._free)
         if len(free) != len(self._free):
             raise InvariantViolation("a block appears twice in the free list")
-        for block in range(n):
+        if free and not 0 <= min(free) <= max(free) < self._fresh:
+            raise InvariantViolation("the free list holds a block never handed out")
+        free.update(range(self._fresh, made))
+        for block in range(made):
             count = self.ref_count[block]
             if count != holders[block]:
                 raise InvariantViolation(
@@ -552,10 +599,10 @@ class BlockPool:
             if block_hash not in self._cached or block not in self._duplicates.get(block_hash, ()):
                 raise InvariantViolation(f"duplicate block {block} is not tracked consistently")
         active = sum(1 for c in self.ref_count if c)
-        if active + len(self.policy) + len(self._free) != n:
+        if active + len(self.policy) + self.num_free_uncached != n:
             raise InvariantViolation(
                 f"conservation: active {active} + evictable {len(self.policy)} + "
-                f"free {len(self._free)} != capacity {n}")
+                f"free {self.num_free_uncached} != capacity {n}")
 
     def snapshot(self) -> Any:
         """Everything that defines the pool's state, for before/after comparisons."""
@@ -563,6 +610,6 @@ class BlockPool:
             tuple(self.ref_count), tuple(self.num_tokens), tuple(self.block_hash),
             tuple(self.parent_hash), tuple(self.depth), tuple(self.priority),
             tuple(sorted(self._cached.items(), key=repr)),
-            tuple(sorted(self._duplicate_hash.items())), tuple(self._free), self.evictions,
+            tuple(sorted(self._duplicate_hash.items())), tuple(self._free), self._fresh, self.evictions,
             self.policy.snapshot(), None if self.events is None else tuple(self.events),
         )

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -72,6 +73,11 @@ class ReplayResult:
     host_block_hits: int = 0           # of block_hits, served from the host tier
     remote_block_hits: int = 0         # of block_hits, fetched from the remote tier (through the host tier)
     extra: dict = field(default_factory=dict)
+    # Wall seconds of the replay itself (prompts from the loaded trace, the requests, the final
+    # checks); the trace's loading is not in it. Not part of the result's value: equality and
+    # ``as_dict()`` leave it out (sweeps compare results across backends), ``as_dict(timing=True)``
+    # reports it.
+    replay_s: float = field(default=0.0, compare=False)
 
     @property
     def block_hit_rate(self) -> float:
@@ -94,8 +100,11 @@ class ReplayResult:
         else:
             self.hit_tokens += min(hit_blocks * size, request.input_length)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, *, timing: bool = False) -> dict[str, Any]:
         out = asdict(self)
+        replay_s = out.pop("replay_s")
+        if timing:
+            out["replay_s"] = replay_s
         out.update(block_hit_rate=self.block_hit_rate, token_hit_rate=self.token_hit_rate)
         remote = out.pop("remote_block_hits")
         if self.host_capacity:
@@ -210,6 +219,7 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
     ``prefixkv.sim.remote_model``): a host tier is needed to stage its blocks (when none is
     given, one the size of the largest request stages them). ``remote_bytes_per_s`` prices its
     reads and writes (``remote_transfer_s``)."""
+    started = time.perf_counter()
     if mode not in ("cache", "concurrent"):
         raise ValueError(f"mode must be 'cache' or 'concurrent', got {mode!r}")
     if not 0.0 <= warmup < 1.0:
@@ -265,6 +275,7 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
                             remote_writes=remote.written, remote_evictions=remote.evictions)
         if transfer_cost is not None and remote_bytes_per_s:
             result.extra.update(remote_transfer_bytes=moved, remote_transfer_s=moved / remote_bytes_per_s)
+    result.replay_s = time.perf_counter() - started
     return result
 
 

@@ -149,10 +149,4 @@ class HostTier:
 
     def clear(self) -> None:
         """Forget every cached host block; blocks held by swapped-out sequences stay held."""
-        for block in [b for b, h in enumerate(self.pool.block_hash) if h is not None]:
-            if self.pool.ref_count[block]:
-                self.pool.forget(block)
-        if not self.pool.num_active:
-            self.pool.clear_cache()
-        else:
-            self.pool.evict_all()
+        self.pool.clear_cache(keep_active=True)
