@@ -162,7 +162,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.host_capacity:
         require_blocks_for_host(args.host_capacity)
     result = replay(trace, args.policy, capacity, mode=args.mode, warmup=args.warmup,
-                    host_capacity=args.host_capacity, **tiers).as_dict()
+                    host_capacity=args.host_capacity, **tiers).as_dict(timing=True)
     result["trace"] = source.label
     result["requested_capacity"] = args.capacity
     result["effective_capacity"] = capacity
@@ -181,7 +181,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(where)
     for key in ("requests", "block_accesses", "block_hits", "block_hit_rate", "token_hit_rate", "evictions",
                 "block_insertions", "blocks_never_reused", "oversized_requests", "waited_admissions",
-                "mean_wait_s", "promotions", "demotions", "loads_refused", "transfer_bytes", "transfer_s",
+                "mean_wait_s", "replay_s", "promotions", "demotions", "loads_refused", "transfer_bytes", "transfer_s",
                 "remote_fetches", "remote_writes", "remote_evictions", "remote_transfer_s"):
         if key in result:
             value = result[key]

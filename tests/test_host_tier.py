@@ -191,3 +191,12 @@ def test_replay_remote_capacity_on_the_command_line(capsys):
     assert main(["replay", "--capacity", "200", "--remote-capacity", "4000", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["tier_block_hits"]["remote"] > 0 and r["remote_transfer_s"] > 0
+
+
+def test_replay_json_reports_the_replay_time(capsys):
+    import json
+
+    from prefixkv.cli import main
+
+    assert main(["replay", "--capacity", "200", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["replay_s"] > 0
