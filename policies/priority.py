@@ -137,6 +137,11 @@ class PriorityPolicy(PolicyBase):
                 self._put_aside(block, protection)
 
     # -- events ------------------------------------------------------------------
+    def on_grow(self, num_blocks: int) -> None:
+        grow = getattr(self.inner, "on_grow", None)
+        if grow is not None:
+            grow(num_blocks)
+
     def on_hint(self, hint) -> None:
         """Session hints go through to the inner policy (it reads ``pool.hint`` itself)."""
         on_hint = getattr(self.inner, "on_hint", None)
