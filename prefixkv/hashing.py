@@ -52,14 +52,16 @@ def encode_tokens(tokens: Iterable[int] | array, argument: str = "tokens") -> ar
     bytes (not a token sequence), booleans (``True`` is not token 1), non-integers
     and ids outside ``[0, 2**32)``.
     """
-    if isinstance(tokens, array) and tokens.typecode == TOKEN_TYPECODE:
+    if type(tokens) is list:         # the common case: straight to the conversion below
+        pass
+    elif isinstance(tokens, array) and tokens.typecode == TOKEN_TYPECODE:
         return array(TOKEN_TYPECODE, tokens)
-    if hasattr(tokens, "dtype") and hasattr(tokens, "tobytes"):
+    elif hasattr(tokens, "dtype") and hasattr(tokens, "tobytes"):
         return _encode_ndarray(tokens, argument)
-    if isinstance(tokens, (str, bytes, bytearray, memoryview, dict, set, frozenset)) or hasattr(tokens, "keys"):
+    elif isinstance(tokens, (str, bytes, bytearray, memoryview, dict, set, frozenset)) or hasattr(tokens, "keys"):
         raise InvalidTokens(f"{argument}: a {type(tokens).__name__} is not a sequence of token ids; "
                             "pass a list of ints (or a Prompt)")
-    if not isinstance(tokens, (list, tuple)):
+    elif not isinstance(tokens, (list, tuple)):
         try:
             tokens = list(tokens)    # iterated twice below (a generator would be spent)
         except TypeError:
@@ -106,6 +108,8 @@ def _encode_ndarray(values, argument: str = "tokens") -> array:
 
 def token_bytes(tokens: array, start: int, stop: int) -> bytes:
     """Little-endian bytes of ``tokens[start:stop]``."""
+    if not _BIG_ENDIAN and start == 0 and stop >= len(tokens):
+        return tokens.tobytes()          # one copy instead of two
     chunk = tokens[start:stop]
     if _BIG_ENDIAN:
         chunk.byteswap()
