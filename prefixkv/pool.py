@@ -229,8 +229,7 @@ class BlockPool:
                 out += self._take_fresh(min(fresh, n - len(out)))
             if len(out) < n:
                 try:
-                    if (self._evict_many is not None and self.on_evict is None and self.events is None
-                            and not self._duplicates):
+                    if self._evict_many is not None and self.events is None and not self._duplicates:
                         self._evict_batch(n - len(out), out)
                     else:
                         evict = self._evict_one
@@ -271,8 +270,8 @@ class BlockPool:
 
     def _evict_batch(self, k: int, out: list[int]) -> None:
         """``k`` victims from the policy's ``evict_many``, uncached and appended to ``out``: the
-        work of ``k`` ``_evict_one`` calls (no events, no duplicates, no demotion hook) in one
-        loop. A victim that is not an evictable cached block raises PolicyError; the victims
+        work of ``k`` ``_evict_one`` calls (no events, no duplicates) in one loop; the demotion
+        hook sees every victim before its hash is dropped. A victim that is not an evictable cached block raises PolicyError; the victims
         before it are in ``out`` (uncached), the ones after it go back to the policy."""
         name = getattr(self.policy, "name", type(self.policy).__name__)
         try:
@@ -300,6 +299,10 @@ class BlockPool:
             for h in hashes:
                 del cached[h]
             done = k
+            on_evict = self.on_evict
+            if on_evict is not None:
+                for block, h in zip(victims, hashes):
+                    on_evict(block, h)
         except (IndexError, TypeError, KeyError):
             if not done:
                 done = size - len(cached)     # deleted before the failing one
