@@ -26,6 +26,8 @@ Workers whose fingerprint or block size differs from the router's are refused.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import random
 from dataclasses import dataclass
 from typing import Hashable, Sequence
@@ -86,7 +88,7 @@ class RouterConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
-class Router:
+class Router(ABC):
     """Base: candidate filtering, loads and random tie-breaks; subclasses choose."""
 
     name = "?"
@@ -118,8 +120,9 @@ class Router:
         tied = [i for i in items if key(i) == best]
         return tied[0] if len(tied) == 1 else self.rng.choice(tied)
 
+    @abstractmethod
     def pick(self, hashes: Sequence[Hashable], workers: Sequence[WorkerLoad]) -> Decision:
-        raise NotImplementedError
+        """The worker for a prompt of block ``hashes`` among the live ``workers``."""
 
 
 class RoundRobinRouter(Router):
