@@ -26,9 +26,8 @@ Workers whose fingerprint or block size differs from the router's are refused.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 import random
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
