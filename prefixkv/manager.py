@@ -776,7 +776,7 @@ class KVCacheManager:
         self.pool.clear_cache()
         if self.host is not None and self.host.cache:
             # swapped-out sequences and pending loads keep their host blocks, not their hashes
-            self.host.pool.clear_cache(keep_active=True)
+            self.host.clear()
         return holders
 
     def take_copies(self) -> list[tuple[int, int]]:
