@@ -4,6 +4,7 @@ import random
 from collections import OrderedDict
 
 import pytest
+from ordered_policy import OrderedPolicy
 
 from prefixkv.policies import (LRUPolicy, PolicyCheckFailed, PriorityPolicy, available_policies, check_policy,
                                make_policy)
@@ -30,39 +31,11 @@ class KeepsHitBlocks(LRUPolicy):
         pass
 
 
-class OrderedLRU(LRUPolicy):
+class OrderedLRU(OrderedPolicy):
     """LRU over an OrderedDict (LRUPolicy's own layout is internal): the broken variants below
     change one method of it."""
 
-    def __init__(self):
-        super().__init__()
-        self._order = OrderedDict()
-
-    def on_released(self, block):
-        self._order[block] = None
-
-    on_released_batch = None
-
-    def on_hit(self, block, was_evictable):
-        if was_evictable:
-            del self._order[block]
-
-    def evict(self):
-        return self._order.popitem(last=False)[0]
-
-    evict_many = None
-
-    def clear(self):
-        self._order.clear()
-
-    def __len__(self):
-        return len(self._order)
-
-    def __contains__(self, block):
-        return block in self._order
-
-    def snapshot(self):
-        return tuple(self._order)
+    name = "lru"
 
 
 class RandomVictim(OrderedLRU):

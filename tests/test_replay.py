@@ -126,37 +126,13 @@ def test_cache_traffic_counts_only_the_measured_window():
 
 
 def test_a_miss_on_an_orphaned_cached_block_is_not_an_insertion():
-    from collections import OrderedDict
+    from ordered_policy import OrderedPolicy
 
-    from prefixkv.policies import PolicyBase
-
-    class MostRecentFirst(PolicyBase):   # evicts a chain's root before its tail: orphans
+    class MostRecentFirst(OrderedPolicy):   # evicts a chain's root before its tail: orphans
         name = "mru"
-
-        def __init__(self):
-            self._order = OrderedDict()
-
-        def on_released(self, block):
-            self._order[block] = None
-
-        def on_hit(self, block, was_evictable):
-            if was_evictable:
-                del self._order[block]
 
         def evict(self):
             return self._order.popitem(last=True)[0]
-
-        def clear(self):
-            self._order.clear()
-
-        def __len__(self):
-            return len(self._order)
-
-        def __contains__(self, block):
-            return block in self._order
-
-        def snapshot(self):
-            return tuple(self._order)
 
     # capacity 3. [1,2]; [7,8] evicts 1 (2 stays cached, orphaned); [1,2] misses both: 1 is
     # inserted again, but 2's hash is still cached, so its new copy is a duplicate, not an insertion.

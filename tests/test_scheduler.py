@@ -423,37 +423,12 @@ def test_random_workloads_never_overcommit(seed, policy):
 
 def _root_first_engine():
     """An engine whose pool holds a prompt's blocks B C D with its root A evicted."""
-    from collections import OrderedDict
+    from ordered_policy import OrderedPolicy
 
-    from prefixkv.policies import PolicyBase
-
-    class RootFirst(PolicyBase):
-        """Evicts a chain's root before anything else: the rest stays cached, cut off.
-        (Its own OrderedDict: LRUPolicy's layout is internal.)"""
+    class RootFirst(OrderedPolicy):
+        """Evicts a chain's root before anything else: the rest stays cached, cut off."""
 
         name = "root-first"
-
-        def __init__(self):
-            self._order = OrderedDict()
-
-        def on_released(self, block):
-            self._order[block] = None
-
-        def on_hit(self, block, was_evictable):
-            if was_evictable:
-                del self._order[block]
-
-        def clear(self):
-            self._order.clear()
-
-        def __len__(self):
-            return len(self._order)
-
-        def __contains__(self, block):
-            return block in self._order
-
-        def snapshot(self):
-            return tuple(self._order)
 
         def evict(self):
             for block in self._order:
