@@ -36,3 +36,27 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_hf_models():
+    """A tiny random-weight LlamaForCausalLM (vocab 256, 2 layers), as ``{"gather": model,
+    "paged": a copy on prefixkv's paged attention}``; skipped without a supported transformers."""
+    import copy
+
+    pytest.importorskip("transformers")
+    try:
+        from prefixkv.integrations.hf import PAGED_ATTENTION
+    except ImportError as exc:  # an unsupported transformers version
+        pytest.skip(str(exc))
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         pad_token_id=0, bos_token_id=1, eos_token_id=None, initializer_range=0.2)
+    model = LlamaForCausalLM(config).eval()
+    paged = copy.deepcopy(model)
+    paged.set_attn_implementation(PAGED_ATTENTION)
+    return {"gather": model, "paged": paged}

@@ -4,7 +4,6 @@ token-identical (to the run without tiers, and to the run without any cache)."""
 
 from __future__ import annotations
 
-import copy
 import random
 
 import pytest
@@ -50,35 +49,11 @@ def test_engine_with_the_host_tier_saves_more_prefill_and_generates_the_same(tin
     assert with_host.host_hit_tokens > 0 and with_host.loads > 0 and with_host.demotions > 0
 
 
-transformers = pytest.importorskip("transformers")
-try:
-    from prefixkv.integrations.hf import PAGED_ATTENTION, PrefixKVStore  # noqa: E402
-except ImportError as exc:  # an unsupported transformers version
-    PrefixKVStore = None
-    HF_SKIP = str(exc)
-else:
-    HF_SKIP = None
-
-
-@pytest.fixture(scope="module")
-def hf_models():
-    if PrefixKVStore is None:
-        pytest.skip(HF_SKIP)
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=0, bos_token_id=1, eos_token_id=None, initializer_range=0.2)
-    model = LlamaForCausalLM(config).eval()
-    paged = copy.deepcopy(model)
-    paged.set_attn_implementation(PAGED_ATTENTION)
-    return {"gather": model, "paged": paged}
-
-
 @pytest.mark.parametrize("mode", ["gather", "paged"])
-def test_hf_generate_with_the_host_tier(hf_models, mode):
-    model = hf_models[mode]
+def test_hf_generate_with_the_host_tier(tiny_hf_models, mode):
+    from prefixkv.integrations.hf import PrefixKVStore    # the fixture skipped where it cannot import
+
+    model = tiny_hf_models[mode]
     prompts = shared_prefix_prompts(256, seed=1)
 
     def run(host):

@@ -4,7 +4,6 @@ generates the same tokens as ``generate`` without any prefixkv cache, in gather 
 
 from __future__ import annotations
 
-import copy
 import random
 
 import pytest
@@ -15,31 +14,17 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("redis")
 pytest.importorskip("transformers")
 try:
-    from prefixkv.integrations.hf import PAGED_ATTENTION, PrefixKVStore  # noqa: E402
+    from prefixkv.integrations.hf import PrefixKVStore  # noqa: E402
 except ImportError as exc:  # an unsupported transformers version
     pytest.skip(str(exc), allow_module_level=True)
 
 pytestmark = [*needs_redis, pytest.mark.usefixtures("one_torch_thread")]
 
 
-@pytest.fixture(scope="module")
-def hf_models():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         pad_token_id=0, bos_token_id=1, eos_token_id=None, initializer_range=0.2)
-    model = LlamaForCausalLM(config).eval()
-    paged = copy.deepcopy(model)
-    paged.set_attn_implementation(PAGED_ATTENTION)
-    return {"gather": model, "paged": paged}
-
-
 @pytest.mark.parametrize("mode", ["gather", "paged"])
-def test_hf_generate_loads_another_stores_prefix(redis_server, hf_models, mode):  # noqa: F811
+def test_hf_generate_loads_another_stores_prefix(redis_server, tiny_hf_models, mode):  # noqa: F811
     redis_server.command("FLUSHALL")
-    model = hf_models[mode]
+    model = tiny_hf_models[mode]
     rng = random.Random(2)
     shared = [rng.randrange(3, 256) for _ in range(96)]
     prompts = [shared + [rng.randrange(3, 256) for _ in range(5)] for _ in range(3)]
