@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from ..argtypes import positive_int
+from ..argtypes import non_negative_int, positive_int
 from ..errors import PrefixKVError
 
 ROUTER_NAMES = ("round-robin", "least-load", "prefix", "kv-aware", "kv-aware+guard")
@@ -35,16 +35,6 @@ def _capacity(text: str):
             f"expected a positive number of blocks per replica or a percentage such as 2%, got {text!r}") from None
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number of requests >= 0, got {text!r}")
-    return value
-
-
 def add_fleet_command(subparsers) -> None:
     from ..sim.workloads import BUILTIN_WORKLOADS
 
@@ -63,7 +53,7 @@ def add_fleet_command(subparsers) -> None:
     p.add_argument("--capacity", type=_capacity, default=("percent", 2.0),
                    help="blocks per replica, or a percentage of the trace's distinct blocks, e.g. 2%% (default)")
     p.add_argument("--router", choices=ROUTER_NAMES, default="kv-aware+guard")
-    p.add_argument("--event-delay", type=_non_negative_int, default=0, metavar="REQUESTS",
+    p.add_argument("--event-delay", type=non_negative_int, default=0, metavar="REQUESTS",
                    help="replicas' KV events reach the index this many routed requests late (default 0)")
     p.add_argument("--no-predict", action="store_true",
                    help="no predicted inserts (a routed request's blocks wait for their events)")
