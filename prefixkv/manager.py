@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
+from itertools import chain, compress
 from operator import itemgetter
 from types import MappingProxyType
 from typing import Hashable, Iterable, Sequence
@@ -40,6 +41,9 @@ from .prompt import Prompt
 from .stats import CacheStats
 
 _MAX_TOKEN = 2**32
+
+
+_NO_LOWER: tuple[Sequence[int], list[int]] = ((), [])   # no lower-tier hits: (indices, host blocks)
 
 
 @dataclass(slots=True)
@@ -143,8 +147,9 @@ class KVCacheManager:
                                  record_events=record_events)
             self.host.pool.events = self.pool.events          # one ordered stream for every tier
             if self.host.cache:
-                self.pool.on_evict = self._demote
-                self.pool.keep_chain = True     # a demoted block takes its parent and depth down
+                self.pool.on_evict_many = self._demote
+                if self.host.keeps_chain:      # a demoted block takes its parent and depth down
+                    self.pool.keep_chain = True
         # Lower-tier hits are taken unless moving a block costs more than recomputing it.
         self.load_gate = load_gate
         self._take_lower = load_gate is None or load_gate.swap_one_way_s(
@@ -153,7 +158,7 @@ class KVCacheManager:
         self._loads: list[tuple[int, int]] = []       # (host block, device block), after demotions
         self._load_pins: list[int] = []               # host blocks the pending loads read
         self._host_release: list[int] = []            # swap-in sources, released once copied
-        self._evicted: list[tuple] = []               # evicted device blocks not yet demoted
+        self._evicted: list[tuple] = []    # batches of evicted device blocks not yet demoted (columns)
         # Device blocks whose KV may not be fully written (a caller whose forward can fail midway
         # tracks them, as the HF cache does): never demoted, so no tier below keeps their bytes.
         self.unwritten: set[int] | frozenset = frozenset()
@@ -238,46 +243,55 @@ class KVCacheManager:
                 return list(itemgetter(*hashes[:limit])(self.pool.cached_map))
             except KeyError:
                 pass
-        # Looking up hashes in C (map) beats a Python loop that stops at the first miss; in
-        # doubling chunks, so a miss early in a long prompt does not look up all the rest.
-        hits: list[int] = []
-        start, step = 0, 32
-        while start < limit:
-            part = list(map(get, hashes[start:min(start + step, limit)]))
-            if None in part:
-                hits += part[:part.index(None)]
-                return hits
-            hits += part
-            start += step
-            step *= 2
-        return hits
+        return _leading(get, hashes, 0, limit)
 
-    def _lower_hits(self, prompt: Prompt, compute_last_token: bool, hits: list[int]) -> list[tuple[int, int]]:
+    def _lower_hits(self, prompt: Prompt, compute_last_token: bool, hits: list[int]) -> tuple[Sequence[int], list[int]]:
         """Past the device's leading ``hits``: the chain continued through the device and the host
-        tier, as (index, host block) for the blocks only the host holds. Extends ``hits`` with
-        the device blocks found between them. Read-only; [] without a host cache."""
+        tier, as (indices, host blocks) for the blocks only the host holds (indices a ``range``
+        when they follow each other). Extends ``hits`` with the device blocks found between them.
+        Read-only; ``((), [])`` without a host cache."""
         host = self.host
         if host is None or not host.cache or self.pool.verify or not self._take_lower:
-            return []
+            return _NO_LOWER
         hashes = prompt.block_hashes()
         limit = min((prompt.num_tokens - 1 if compute_last_token else prompt.num_tokens) // self.block_size,
                     len(hashes))
-        in_device, in_host = self.pool.lookup, host.pool.lookup
-        lower: list[tuple[int, int]] = []
+        start = len(hits)
+        if start >= limit:
+            return _NO_LOWER
+        # The common shape, told in C: one run on the host right after the device hits, with no
+        # device block inside it or right after it.
+        in_device = self.pool.lookup
+        run = _leading(host.pool.lookup, hashes, start, limit)
+        if not run:
+            return _NO_LOWER
+        end = start + len(run)
+        if (end == limit or in_device(hashes[end]) is None) and \
+                list(map(in_device, hashes[start:end])).count(None) == len(run):
+            hits.extend(run)
+            return range(start, end), run
+        return self._lower_hits_mixed(hashes, start, limit, hits)
+
+    def _lower_hits_mixed(self, hashes: list, start: int, limit: int, hits: list[int]) -> tuple[list[int], list[int]]:
+        """``_lower_hits`` where device and host blocks interleave: block by block."""
+        in_device, in_host = self.pool.lookup, self.host.pool.lookup
+        indices: list[int] = []
+        sources: list[int] = []
         found: list[int] = []
-        for i in range(len(hits), limit):
+        for i in range(start, limit):
             block = in_device(hashes[i])
             if block is None:
                 block = in_host(hashes[i])
                 if block is None:
                     break
-                lower.append((i, block))
+                indices.append(i)
+                sources.append(block)
             found.append(block)
-        if not lower:
-            return []
+        if not sources:
+            return _NO_LOWER
         # Device blocks after the last host block are hits too; keep the chain up to its end.
         hits.extend(found)
-        return lower
+        return indices, sources
 
     def _refused_loads(self, prompt: Prompt, compute_last_token: bool, device_hits: int) -> int:
         """Host hits the load gate turned down (counted, not taken)."""
@@ -289,14 +303,10 @@ class KVCacheManager:
                     len(hashes))
         return host.count_leading(hashes[:limit], device_hits)
 
-    def _blocks_needed(self, prompt: Prompt, hits: list[int], lower: list[tuple[int, int]] = ()) -> tuple[int, int]:
+    def _blocks_needed(self, prompt: Prompt, hits: list[int], lower=_NO_LOWER) -> tuple[int, int]:
         total = -(-prompt.num_tokens // self.block_size)
         ref = self.pool.ref_count
-        if lower:
-            loaded = {i for i, _ in lower}
-            device = [b for i, b in enumerate(hits) if i not in loaded]
-        else:
-            device = hits
+        device = _device_hits(hits, lower[0]) if lower[1] else hits
         pool = self.pool
         if not device or not pool.num_evictable:
             pinned = 0
@@ -320,7 +330,7 @@ class KVCacheManager:
         lower = self._lower_hits(prompt, compute_last_token, hits)
         total, needed = self._blocks_needed(prompt, hits, lower)
         return PrefixMatch(len(hits) * self.block_size, len(hits), total, needed,
-                           total <= self.pool.num_blocks and needed <= self.pool.num_free, len(lower))
+                           total <= self.pool.num_blocks and needed <= self.pool.num_free, len(lower[1]))
 
     def blocks_needed_to_append(self, seq_id: Hashable, num_tokens: int) -> int:
         """Free blocks an append of ``num_tokens`` would take (fresh + copy-on-write)."""
@@ -385,31 +395,32 @@ class KVCacheManager:
         # Hashing may still raise on bad input; do it before touching the pool.
         hashes = prompt.block_hashes() if self.enable_caching else []
         refused = self._refused_loads(prompt, compute_last_token, len(hits)) if self.load_gate else 0
-        if lower:
-            loaded = {i for i, _ in lower}
-            pool.acquire_hits([b for i, b in enumerate(hits) if i not in loaded])
-            sources = [b for _, b in lower]
+        indices, sources = lower
+        if sources:
+            pool.acquire_hits(_device_hits(hits, indices))
             self.host.pin(sources)     # before the device allocates: its demotions must not take them
         else:
             pool.acquire_hits(hits)
         num_hits = len(hits)
-        fresh = pool.allocate(total - num_hits + len(lower))
+        num_loads = len(sources)
+        size = self.block_size
+        fresh = pool.allocate(total - num_hits + num_loads, size)
         if self._evicted:
             self._store_evicted()
-        size = self.block_size
         n = prompt.num_tokens
-        num_tokens = pool.num_tokens
-        for block in fresh:
-            num_tokens[block] = size
         if n % size:
-            num_tokens[fresh[-1]] = n % size
+            pool.num_tokens[fresh[-1]] = n % size
         table = hits
-        if lower:
-            for (i, source), block in zip(lower, fresh):
-                table[i] = block
-                self._loads.append((source, block))
+        if num_loads:
+            loaded = fresh[:num_loads]
+            if type(indices) is range:
+                table[indices.start:indices.stop] = loaded
+            else:
+                for i, block in zip(indices, loaded):
+                    table[i] = block
+            self._loads.extend(zip(sources, loaded))
             self._load_pins.extend(sources)
-            fresh = fresh[len(lower):]
+            fresh = fresh[num_loads:]
         table.extend(fresh)
         seq.table = table
         seq.num_tokens = n
@@ -419,18 +430,17 @@ class KVCacheManager:
         if self.enable_caching:
             # loaded blocks enter the device cache now (their bytes follow in take_loads), then the
             # fresh ones; a run of loads with no device hit inside is published in one call
-            first, last = lower[0][0] if lower else 0, lower[-1][0] if lower else -1
-            if lower and last - first + 1 == len(lower):
-                self._publish(seq, first, last + 1, record=False)
+            if type(indices) is range:
+                self._publish(seq, indices.start, indices.stop, record=False)
             else:
-                for i, _ in lower:
+                for i in indices:
                     self._publish(seq, i, i + 1, record=False)
             self._publish(seq, num_hits, n // size)
         counters = self._counters
-        counters["loads"] += len(lower)
+        counters["loads"] += num_loads
         counters["loads_refused"] += refused
         if what == "admission":
-            counters["host_hit_tokens"] += len(lower) * size
+            counters["host_hit_tokens"] += num_loads * size
         return num_hits * size
 
     def _publish(self, seq: _Sequence, first: int, stop: int, record: bool = True) -> None:
@@ -829,18 +839,31 @@ class KVCacheManager:
             self.host.release(release)
         return loads
 
-    def _demote(self, block: int, block_hash: Hashable) -> None:
-        """The device pool evicts ``block`` (``pool.on_evict``): note what the host tier needs to
-        keep it, before the block is reused; ``_store_evicted`` demotes the batch."""
-        if block not in self.unwritten:
+    def _demote(self, blocks: Sequence[int], hashes: Sequence[Hashable]) -> None:
+        """The device pool evicts ``blocks`` (``pool.on_evict_many``): note what the host tier needs
+        to keep them, before they are reused; ``_store_evicted`` demotes the batch."""
+        if self.unwritten:
+            written = [block not in self.unwritten for block in blocks]
+            blocks, hashes = list(compress(blocks, written)), list(compress(hashes, written))
+        if not blocks:
+            return
+        if self.host.keeps_chain:
             pool = self.pool
-            self._evicted.append((block, block_hash, pool.parent_hash[block], pool.depth[block],
-                                  pool.num_tokens[block]))
+            self._evicted.append((blocks, hashes, list(map(pool.parent_hash.__getitem__, blocks)),
+                                  list(map(pool.depth.__getitem__, blocks))))
+        else:
+            self._evicted.append((blocks, hashes, None, None))
 
     def _store_evicted(self) -> None:
         """Demote the blocks the last allocation evicted, as one batch."""
         evicted, self._evicted = self._evicted, []
-        demotions = self.host.store_many(evicted)
+        if len(evicted) == 1:
+            columns = evicted[0]
+        else:
+            columns = [list(chain.from_iterable(batch[k] for batch in evicted)) for k in range(2)]
+            if self.host.keeps_chain:
+                columns += [list(chain.from_iterable(batch[k] for batch in evicted)) for k in (2, 3)]
+        demotions = self.host.store_many(*columns)
         self._demotions.extend(demotions)
         self._counters["demotions"] += len(demotions)
 
@@ -985,6 +1008,31 @@ class KVCacheManager:
         if seq.preempted:
             raise SequencePreempted(seq_id)
         return seq
+
+
+def _leading(get, hashes: Sequence[Hashable], start: int, limit: int) -> list:
+    """``get(h)`` for ``hashes[start:limit]`` up to the first None. Looking up in C (map) beats a
+    Python loop that stops at the first miss; in doubling chunks, so a miss early in a long
+    prompt does not look up all the rest."""
+    found: list = []
+    step = 32
+    while start < limit:
+        part = list(map(get, hashes[start:min(start + step, limit)]))
+        if None in part:
+            found += part[:part.index(None)]
+            return found
+        found += part
+        start += step
+        step *= 2
+    return found
+
+
+def _device_hits(hits: list[int], loaded: Sequence[int]) -> list[int]:
+    """The blocks of ``hits`` that are not at the ``loaded`` indices (a range, or a sorted list)."""
+    if type(loaded) is range:
+        return hits[:loaded.start] + hits[loaded.stop:]
+    skip = set(loaded)
+    return [block for i, block in enumerate(hits) if i not in skip]
 
 
 def _check_seq_id(seq_id, argument: str) -> None:

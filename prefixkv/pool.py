@@ -23,6 +23,7 @@ evicted while a duplicate is active, the duplicate becomes the primary.
 
 from __future__ import annotations
 
+from itertools import compress
 from typing import Any, Hashable, Iterable
 
 from .errors import InvariantViolation, OutOfBlocks, PolicyError
@@ -86,6 +87,9 @@ class BlockPool:
         # Called as on_evict(block, hash) when a cached block is evicted, before the block is
         # reused: the manager demotes it to the host tier there (None: it is simply gone).
         self.on_evict = None
+        # Optional batch form, on_evict_many(blocks, hashes): called once per eviction burst
+        # instead of on_evict per victim (same moment: before any victim is reused).
+        self.on_evict_many = None
         if getattr(policy, "pool", None) is not None:
             raise ValueError(f"this {type(policy).__name__} object already serves another pool; a policy "
                              "keeps per-pool state, so give each pool (each replay) a fresh one or a name")
@@ -96,6 +100,9 @@ class BlockPool:
         self._evict_many = _batch_method(policy, "evict", "evict_many")
         self._released_batch = _batch_method(policy, "on_released", "on_released_batch")
         self._hit_batch = _batch_method(policy, "on_hit", "on_hit_batch")
+        # A class that declares ``valid_victims = True`` itself promises evict_many returns k
+        # distinct evictable blocks: the pool skips re-checking them (policies/base.py).
+        self._valid_victims = type(policy).__dict__.get("valid_victims", False) is True
         # parent_hash / depth of published blocks are kept for policies that read them, for a
         # tier below (demotion copies them; the manager sets keep_chain) and in verify mode.
         # A policy class that declares ``reads_chain = False`` itself (not inherited) saves the stores.
@@ -206,11 +213,105 @@ class BlockPool:
         for block in blocks:
             ref[block] += 1
 
-    def allocate(self, n: int) -> list[int]:
-        """``n`` fresh blocks with refcount 1, uncached ones first, then victims.
+    def take_cached(self, blocks: list[int]) -> None:
+        """``acquire_hits(blocks)``, then ``forget`` each block that was evictable: the blocks stay
+        held and their hashes leave this pool (their content moves up a tier). One pass when
+        every block was evictable, each listed once."""
+        ref = self.ref_count
+        counts = list(map(ref.__getitem__, blocks))
+        if (self._hit_batch is not None and len(blocks) > 1 and counts.count(0) == len(blocks)
+                and not self._duplicates and self.events is None and len(set(blocks)) == len(blocks)):
+            block_hash = self.block_hash
+            hashes = list(map(block_hash.__getitem__, blocks))
+            self._hit_batch(blocks)
+            cached = self._cached
+            for block, h in zip(blocks, hashes):
+                ref[block] = 1
+                block_hash[block] = None
+                del cached[h]
+            self.forgotten += len(blocks)
+            if self._reused is not None:        # the residency ends with its hit
+                reused = self._reused
+                for block in blocks:
+                    reused[block] = False
+            return
+        self.acquire_hits(blocks)
+        forgotten = set()
+        for block, count in zip(blocks, counts):
+            if not count and block not in forgotten:
+                forgotten.add(block)
+                self.forget(block)
+
+    def cache_many(self, hashes: list[Hashable], parents: list[Hashable | None], depths: list[int]) -> list[int]:
+        """Blocks holding ``hashes``, cached and evictable at once (demotions into this tier): the
+        result of ``allocate(n)``, full ``num_tokens``, ``publish_many`` and ``release``, in one
+        pass when there are no events to report and nothing to verify. Raises OutOfBlocks
+        (changing nothing) when ``n`` blocks cannot be freed."""
+        n = len(hashes)
+        size = self.block_size
+        if self.verify or self.events is not None or self._released_batch is None or (
+                self._on_cached is not None and self._cached_batch is None) or self._duplicate_hash:
+            blocks = self.allocate(n)
+            num_tokens = self.num_tokens
+            for block in blocks:
+                num_tokens[block] = size
+            self.publish_many(blocks, hashes, parents, depths)
+            self.release(blocks)
+            return blocks
+        blocks = self._claim(n)
+        got = list(map(self._cached.setdefault, hashes, blocks))
+        if got == blocks:
+            primaries = blocks
+        else:     # a hash cached already: this copy is a duplicate, dropped again at once
+            primaries = [block for block, primary in zip(blocks, got) if primary == block]
+            self._free.extend(block for block, primary in zip(blocks, got) if primary != block)
+            keep = [primary == block for block, primary in zip(blocks, got)]
+            hashes, parents, depths = (list(compress(values, keep)) for values in (hashes, parents, depths))
+        block_hash, num_tokens = self.block_hash, self.num_tokens
+        if self.keep_chain:
+            parent_list, depth_list = self.parent_hash, self.depth
+            for block, h, parent, depth in zip(primaries, hashes, parents, depths):
+                block_hash[block] = h
+                parent_list[block] = parent
+                depth_list[block] = depth
+                num_tokens[block] = size
+        else:
+            for block, h in zip(primaries, hashes):
+                block_hash[block] = h
+                num_tokens[block] = size
+        if primaries is not blocks:
+            for block in blocks:
+                num_tokens[block] = size
+        if self._priorities_used:
+            prio = self.priority
+            for block in primaries:
+                prio[block] = 0
+        if primaries:
+            if self._on_cached is not None:
+                self._cached_batch(primaries)
+            self._released_batch(primaries)
+        return blocks
+
+    def allocate(self, n: int, num_tokens: int | None = None) -> list[int]:
+        """``n`` fresh blocks with refcount 1, uncached ones first, then victims (and
+        ``num_tokens`` valid slots each, when given).
 
         Raises OutOfBlocks (changing nothing) if fewer than ``n`` can be freed.
         """
+        out = self._claim(n)
+        ref = self.ref_count
+        if num_tokens is None:
+            for block in out:
+                ref[block] = 1
+        else:
+            tokens = self.num_tokens
+            for block in out:
+                ref[block] = 1
+                tokens[block] = num_tokens
+        return out
+
+    def _claim(self, n: int) -> list[int]:
+        """``n`` free-uncached blocks (refcount still 0), evicting as needed; see ``allocate``."""
         free = self._free
         if n <= len(free):
             if not n:
@@ -237,9 +338,6 @@ class BlockPool:
                 except PolicyError:
                     free.extend(reversed(out))  # the free blocks, and the victims taken so far (now uncached)
                     raise
-        ref = self.ref_count
-        for block in out:
-            ref[block] = 1
         return out
 
     def _evict_one(self) -> int:
@@ -255,7 +353,9 @@ class BlockPool:
         if block_hash is None or self.ref_count[block]:
             raise PolicyError(f"eviction policy {getattr(self.policy, 'name', type(self.policy).__name__)!r} "
                               f"returned {block!r} from evict(), which is not an evictable cached block")
-        if self.on_evict is not None:
+        if self.on_evict_many is not None:
+            self.on_evict_many((block,), (block_hash,))
+        elif self.on_evict is not None:
             self.on_evict(block, block_hash)
         self.block_hash[block] = None
         self.evictions += 1
@@ -285,22 +385,26 @@ class BlockPool:
         done = 0
         size = len(cached)
         try:
-            if len(victims) != k or min(victims) < 0:
+            trusted = self._valid_victims
+            if not trusted and (len(victims) != k or min(victims) < 0):
                 raise PolicyError(f"eviction policy {name!r} returned {len(victims)} blocks from "
                                   f"evict_many({k}), or a negative one")
             hashes = list(map(block_hash.__getitem__, victims))   # IndexError, TypeError: not block ids
-            if any(map(ref.__getitem__, victims)):
+            if not trusted and any(map(ref.__getitem__, victims)):
                 done = next(i for i, block in enumerate(victims) if ref[block])    # the first active one
                 for i in range(done):
                     del cached[hashes[i]]
                 raise KeyError
             # None (an uncached block) and a block returned twice raise KeyError at that block
             # (a loop: dict.__delitem__ through map is a slow slot wrapper)
-            for h in hashes:
+            for block, h in zip(victims, hashes):
                 del cached[h]
+                block_hash[block] = None
             done = k
-            on_evict = self.on_evict
-            if on_evict is not None:
+            if self.on_evict_many is not None:
+                self.on_evict_many(victims, hashes)
+            elif self.on_evict is not None:
+                on_evict = self.on_evict
                 for block, h in zip(victims, hashes):
                     on_evict(block, h)
         except (IndexError, TypeError, KeyError):
@@ -310,8 +414,9 @@ class BlockPool:
                               "which is not an evictable cached block") from None
         finally:
             taken = victims[:done]
-            for block in taken:
-                block_hash[block] = None
+            if done < k:     # (a complete burst cleared them as it went)
+                for block in taken:
+                    block_hash[block] = None
             out.extend(taken)
             self.evictions += done
             if reused is not None:
@@ -349,6 +454,25 @@ class BlockPool:
         if self._reused is not None:
             self._reused[block] = False
         self._drop_hash(block, block_hash)
+
+    def forget_many(self, blocks: list[int]) -> None:
+        """``forget`` each block, in order: one pass when no block has an active duplicate."""
+        block_hash = self.block_hash
+        hashes = list(map(block_hash.__getitem__, blocks))
+        if self._duplicates or self.events is not None or None in hashes or \
+                0 in map(self.ref_count.__getitem__, blocks) or len(set(blocks)) != len(blocks):
+            for block in blocks:
+                self.forget(block)
+            return
+        cached = self._cached
+        for block, h in zip(blocks, hashes):
+            del cached[h]
+            block_hash[block] = None
+        self.forgotten += len(blocks)
+        if self._reused is not None:
+            reused = self._reused
+            for block in blocks:
+                reused[block] = False
 
     def _promote(self, duplicate: int, block_hash: Hashable, evicted: int) -> None:
         del self._duplicate_hash[duplicate]
@@ -441,6 +565,43 @@ class BlockPool:
         if on_cached is not None and primaries:
             self._cached_batch(primaries)
 
+    def publish_many(self, blocks: list[int], hashes: list[Hashable], parents: list[Hashable | None],
+                     depths: list[int]) -> None:
+        """``publish(blocks[i], hashes[i], parents[i], depths[i])`` for each ``i`` in order (blocks
+        that need not chain: demotions to a tier). Same results and policy events; the hash map is
+        updated by C when there are no events to report and nothing to verify."""
+        on_cached = self._on_cached
+        if self.verify or self.events is not None or (on_cached is not None and self._cached_batch is None):
+            publish = self.publish
+            for block, h, parent, depth in zip(blocks, hashes, parents, depths):
+                publish(block, h, parent, depth)
+            return
+        got = list(map(self._cached.setdefault, hashes, blocks))
+        block_hash, parent_list, depth_list = self.block_hash, self.parent_hash, self.depth
+        if got == blocks:     # every block is a new primary
+            if self.keep_chain:
+                for block, h, parent, depth in zip(blocks, hashes, parents, depths):
+                    block_hash[block] = h
+                    parent_list[block] = parent
+                    depth_list[block] = depth
+            else:
+                for block, h in zip(blocks, hashes):
+                    block_hash[block] = h
+            primaries = blocks
+        else:
+            primaries = []
+            for block, h, parent, depth, primary in zip(blocks, hashes, parents, depths, got):
+                if primary != block:     # already cached: a duplicate of its primary
+                    self._duplicate_hash[block] = h
+                    self._duplicates.setdefault(h, []).append(block)
+                else:
+                    block_hash[block] = h
+                    parent_list[block] = parent
+                    depth_list[block] = depth
+                    primaries.append(block)
+        if on_cached is not None and primaries:
+            self._cached_batch(primaries)
+
     def release(self, blocks_in_order: Iterable[int], priority: int = 0, hint=None, *,
                 all_cached: bool = False) -> None:
         """Drop one reference from each block, in the order given (tail first).
@@ -474,20 +635,26 @@ class BlockPool:
         batch = self._released_batch
         if priority:
             self._priorities_used = True
-        if batch is not None and not self._duplicate_hash:
+        if not self._duplicate_hash:
             blocks = list(blocks_in_order)
-            if list(map(ref.__getitem__, blocks)).count(1) == len(blocks) and (
-                    all_cached or None not in map(block_hash.__getitem__, blocks)):
-                # the common release: every block drops to 0 and stays cached (C-speed checks; a block
-                # listed twice would have had a count of 2)
-                for block in blocks:
-                    ref[block] = 0
-                if self._priorities_used:
-                    prio = self.priority
+            if list(map(ref.__getitem__, blocks)).count(1) == len(blocks):
+                # every block drops to 0 (C-speed checks; a block listed twice would have had a count of 2)
+                if batch is not None and (all_cached or None not in map(block_hash.__getitem__, blocks)):
+                    # the common release: every block stays cached
                     for block in blocks:
-                        prio[block] = priority
-                batch(blocks)
-                return
+                        ref[block] = 0
+                    if self._priorities_used:
+                        prio = self.priority
+                        for block in blocks:
+                            prio[block] = priority
+                    batch(blocks)
+                    return
+                if not all_cached and list(map(block_hash.__getitem__, blocks)).count(None) == len(blocks):
+                    # none is cached: all go back to the free list, in order
+                    for block in blocks:
+                        ref[block] = 0
+                    self._free.extend(blocks)
+                    return
             blocks_in_order = blocks
         released: list[int] = []
         on_released = self.policy.on_released if batch is None else released.append

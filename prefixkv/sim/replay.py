@@ -337,7 +337,7 @@ def _stage_remote(mgr: KVCacheManager, remote, prompt) -> int:
     host = mgr.host
     staged = []
     for i in range(start, start + n):
-        if host.store(hashes[i], hashes[i - 1] if i else None, i, mgr.block_size) is None:
+        if host.store(hashes[i], hashes[i - 1] if i else None, i) is None:
             break                  # the host tier is full of blocks held for loads: stop the chain
         staged.append(hashes[i])
     remote.read(staged)

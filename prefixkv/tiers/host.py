@@ -19,6 +19,7 @@ conservation holds: active (swap-held or pinned for a load) + evictable cached
 
 from __future__ import annotations
 
+from itertools import compress
 from typing import Hashable, Sequence
 
 from ..hashing import ExtraKeys
@@ -73,64 +74,60 @@ class HostTier:
                     evictions=pool.evictions)
 
     # -- promotion -----------------------------------------------------------
-    def pin(self, blocks: Sequence[int]) -> None:
-        """Hold blocks a load will read, so no demotion overwrites them before it has run."""
-        self.pool.acquire_hits(blocks)
+    def pin(self, blocks: list[int]) -> None:
+        """Hold blocks a load will read, so no demotion overwrites them before it has run.
+        Exclusive: their hashes leave this tier now (the device holds them from the admission
+        on); inclusive: they stay cached here."""
+        if self.inclusive:
+            self.pool.acquire_hits(blocks)
+        else:
+            self.pool.take_cached(blocks)
         self.hits += len(blocks)
 
     def unpin(self, blocks: Sequence[int]) -> None:
-        """The loads reading ``blocks`` have run. Exclusive: their hashes leave this tier (the
-        device holds them now); inclusive: they stay cached here."""
-        if not self.inclusive:
-            for block in blocks:
-                if self.pool.ref_count[block] == 1:
-                    self.pool.forget(block)
+        """The loads reading ``blocks`` have run: let the blocks go."""
         self.pool.release(blocks)
 
     # -- demotion ------------------------------------------------------------
-    def store(self, block_hash: Hashable, parent_hash: Hashable | None, depth: int, num_tokens: int,
-              extra: ExtraKeys | None = None) -> int | None:
+    @property
+    def keeps_chain(self) -> bool:
+        """Whether a demotion must bring each block's parent hash and depth (the host policy
+        reads them, or KV events report them)."""
+        return self.pool.keep_chain or self.pool.events is not None
+
+    def store(self, block_hash: Hashable, parent_hash: Hashable | None, depth: int) -> int | None:
         """A host block to copy an evicted device block into, published under ``block_hash`` and
         evictable at once; None when the hash is already here or every host block is held."""
-        pool = self.pool
-        if not self.cache or pool.lookup(block_hash) is not None:
-            return None
-        if not pool.num_free:
-            self.dropped += 1
-            return None
-        (block,) = pool.allocate(1)
-        pool.num_tokens[block] = num_tokens
-        pool.publish(block, block_hash, parent_hash, depth, None, extra)
-        pool.release((block,))
-        self.stores += 1
-        return block
+        pairs = self.store_many([-1], [block_hash], [parent_hash], [depth])
+        return pairs[0][1] if pairs else None
 
-    def store_many(self, evicted: list[tuple]) -> list[tuple[int, int]]:
-        """Demote a batch of evicted device blocks, ``(device block, hash, parent, depth, tokens)``
-        in eviction order; returns the ``(device block, host block)`` copies to run. Hashes
-        already here are skipped; when fewer host blocks are free than needed, the most
-        recently evicted are kept (the rest are dropped and counted). One allocation and one
-        release for the batch, in eviction order, so the host policy sees them oldest first."""
+    def store_many(self, blocks: list[int], hashes: list[Hashable], parents: list[Hashable | None] | None = None,
+                   depths: list[int] | None = None) -> list[tuple[int, int]]:
+        """Demote a batch of evicted (full) device blocks, in eviction order (parallel lists;
+        ``parents`` / ``depths`` may be None unless ``keeps_chain``); returns the
+        ``(device block, host block)`` copies to run. Hashes already here are skipped; when
+        fewer host blocks are free than needed, the most recently evicted are kept (the rest
+        are dropped and counted). One pass for the batch, in eviction order, so the host
+        policy sees them oldest first."""
         pool = self.pool
-        if not self.cache:
+        if not self.cache or not blocks:
             return []
-        lookup = pool.lookup
-        todo = [entry for entry in evicted if lookup(entry[1]) is None]
+        if parents is None or depths is None:
+            parents, depths = [None] * len(blocks), [0] * len(blocks)
+        present = list(map(pool.lookup, hashes))
+        if present.count(None) != len(present):
+            new = [p is None for p in present]
+            blocks, hashes, parents, depths = (list(compress(values, new)) for values in (blocks, hashes, parents, depths))
         room = pool.num_free
-        if len(todo) > room:
-            self.dropped += len(todo) - room
-            todo = todo[len(todo) - room:]
-        if not todo:
+        if len(blocks) > room:
+            cut = len(blocks) - room
+            self.dropped += cut
+            blocks, hashes, parents, depths = (values[cut:] for values in (blocks, hashes, parents, depths))
+        if not blocks:
             return []
-        blocks = pool.allocate(len(todo))
-        num_tokens = pool.num_tokens
-        publish = pool.publish
-        for block, (_, block_hash, parent_hash, depth, tokens) in zip(blocks, todo):
-            num_tokens[block] = tokens
-            publish(block, block_hash, parent_hash, depth)
-        pool.release(blocks)
-        self.stores += len(blocks)
-        return [(entry[0], block) for entry, block in zip(todo, blocks)]
+        host_blocks = pool.cache_many(hashes, parents, depths)
+        self.stores += len(host_blocks)
+        return list(zip(blocks, host_blocks))
 
     # -- swap space ----------------------------------------------------------
     def hold(self, n: int) -> list[int]:
