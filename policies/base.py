@@ -56,8 +56,10 @@ defines the single event defines the batch one too, so a subclass overriding
   in order; a pool calls it once per release instead (with ``pool.hint`` set as
   above);
 * ``evict_many(k) -> list`` means exactly ``k`` successive ``evict()`` calls; a
-  pool calls it when one allocation needs ``k`` victims (no demotion hook, no
-  KV events, no active duplicates: otherwise it calls ``evict`` per block);
+  pool calls it when one allocation needs ``k`` victims (no KV events, no
+  active duplicates: otherwise it calls ``evict`` per block). The pool checks
+  the victims (k distinct evictable cached blocks) unless the policy's own class
+  declares ``valid_victims = True``, a promise its reference tests must keep;
 * ``on_hit_batch(blocks)`` means exactly ``on_hit(b, True)`` for each ``b`` in
   order; a pool calls it when every block of a hit was evictable, each listed once;
 * ``reads_chain = False`` (a class attribute the policy's own class declares, not

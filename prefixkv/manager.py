@@ -182,22 +182,25 @@ class KVCacheManager:
         encoded = encode_tokens(tokens, "tokens")
         return Prompt(self.hasher, encoded, len(encoded), extra)
 
-    def prompt_from_hashes(self, block_hashes: Sequence[Hashable], num_tokens: int) -> Prompt:
+    def prompt_from_hashes(self, block_hashes: Sequence[Hashable], num_tokens: int, *,
+                           checked: bool = False) -> Prompt:
         """A prompt known only by precomputed, prefix-chained block hashes (traces).
 
         Equal hash must mean equal prefix. ``block_hashes`` holds one hash per
         full block, optionally plus one for a partial last block (ignored: only
-        full blocks are cached).
+        full blocks are cached). ``checked``: the caller vouches that ``block_hashes`` is a
+        list of hashable, non-None values nobody will change (a loaded trace's), so it is
+        used as it is.
         """
         if num_tokens < 0:
             raise HashMismatch(f"num_tokens must be >= 0, got {num_tokens}")
-        hashes = as_hash_list(block_hashes)
+        hashes = block_hashes if checked and type(block_hashes) is list else as_hash_list(block_hashes)
         full, partial = divmod(num_tokens, self.block_size)
         if len(hashes) not in (full, full + (1 if partial else 0)):
             raise HashMismatch(
                 f"{len(hashes)} block hash(es) contradict {num_tokens} tokens at block size "
                 f"{self.block_size} (expected {full}{' or ' + str(full + 1) if partial else ''})")
-        return Prompt(self.hasher, None, num_tokens, NO_EXTRA_KEYS, hashes[:full])
+        return Prompt(self.hasher, None, num_tokens, NO_EXTRA_KEYS, hashes if len(hashes) == full else hashes[:full])
 
     def _as_prompt(self, prompt) -> Prompt:
         if isinstance(prompt, Prompt):
@@ -397,10 +400,10 @@ class KVCacheManager:
         refused = self._refused_loads(prompt, compute_last_token, len(hits)) if self.load_gate else 0
         indices, sources = lower
         if sources:
-            pool.acquire_hits(_device_hits(hits, indices))
+            pool.acquire_hits(_device_hits(hits, indices), distinct=True)
             self.host.pin(sources)     # before the device allocates: its demotions must not take them
         else:
-            pool.acquire_hits(hits)
+            pool.acquire_hits(hits, distinct=True)
         num_hits = len(hits)
         num_loads = len(sources)
         size = self.block_size

@@ -177,8 +177,9 @@ class BlockPool:
         return self.block_hash[block] is not None
 
     # -- actions -------------------------------------------------------------
-    def acquire_hits(self, blocks: Iterable[int]) -> None:
-        """Take one more reference on each cache-hit block (pins evictable ones)."""
+    def acquire_hits(self, blocks: Iterable[int], *, distinct: bool = False) -> None:
+        """Take one more reference on each cache-hit block (pins evictable ones). ``distinct``:
+        the caller knows no block is listed twice (a prefix match's blocks)."""
         ref = self.ref_count
         on_hit = self.policy.on_hit
         reused = self._reused
@@ -186,13 +187,15 @@ class BlockPool:
         if hit_batch is not None:
             blocks = list(blocks)
             if len(blocks) > 1 and list(map(ref.__getitem__, blocks)).count(0) == len(blocks) and \
-                    len(set(blocks)) == len(blocks):
+                    (distinct or len(set(blocks)) == len(blocks)):
                 # every block was evictable, each once: on_hit(b, True) for each, in one call
                 hit_batch(blocks)
-                for block in blocks:
-                    ref[block] = 1
-                if reused is not None:
+                if reused is None:
                     for block in blocks:
+                        ref[block] = 1
+                else:
+                    for block in blocks:
+                        ref[block] = 1
                         reused[block] = True
                 return
         if reused is None:
@@ -331,7 +334,10 @@ class BlockPool:
             if len(out) < n:
                 try:
                     if self._evict_many is not None and self.events is None and not self._duplicates:
-                        self._evict_batch(n - len(out), out)
+                        if self._valid_victims:
+                            self._evict_valid(n - len(out), out)
+                        else:
+                            self._evict_batch(n - len(out), out)
                     else:
                         evict = self._evict_one
                         out.extend(evict() for _ in range(n - len(out)))
@@ -368,6 +374,35 @@ class BlockPool:
         self._drop_hash(block, block_hash)
         return block
 
+    def _evict_valid(self, k: int, out: list[int]) -> None:
+        """``_evict_batch`` for a policy whose victims need no checking (``valid_victims``)."""
+        try:
+            victims = self._evict_many(k)
+        except Exception as exc:
+            name = getattr(self.policy, "name", type(self.policy).__name__)
+            raise PolicyError(f"eviction policy {name!r} raised in evict_many(): {type(exc).__name__}: {exc}") from exc
+        block_hash = self.block_hash
+        cached = self._cached
+        hashes = list(map(block_hash.__getitem__, victims))
+        reused = self._reused
+        if reused is None:
+            for block, h in zip(victims, hashes):
+                del cached[h]
+                block_hash[block] = None
+        else:
+            self.unused_removals += list(map(reused.__getitem__, victims)).count(False)
+            for block, h in zip(victims, hashes):
+                del cached[h]
+                block_hash[block] = None
+                reused[block] = False
+        self.evictions += len(victims)
+        if self.on_evict_many is not None:
+            self.on_evict_many(victims, hashes)
+        elif self.on_evict is not None:
+            for block, h in zip(victims, hashes):
+                self.on_evict(block, h)
+        out += victims
+
     def _evict_batch(self, k: int, out: list[int]) -> None:
         """``k`` victims from the policy's ``evict_many``, uncached and appended to ``out``: the
         work of ``k`` ``_evict_one`` calls (no events, no duplicates) in one loop; the demotion
@@ -385,12 +420,11 @@ class BlockPool:
         done = 0
         size = len(cached)
         try:
-            trusted = self._valid_victims
-            if not trusted and (len(victims) != k or min(victims) < 0):
+            if len(victims) != k or min(victims) < 0:
                 raise PolicyError(f"eviction policy {name!r} returned {len(victims)} blocks from "
                                   f"evict_many({k}), or a negative one")
             hashes = list(map(block_hash.__getitem__, victims))   # IndexError, TypeError: not block ids
-            if not trusted and any(map(ref.__getitem__, victims)):
+            if any(map(ref.__getitem__, victims)):
                 done = next(i for i, block in enumerate(victims) if ref[block])    # the first active one
                 for i in range(done):
                     del cached[hashes[i]]

@@ -121,15 +121,16 @@ class ReplayResult:
         return out
 
 
-def _prompt_for(mgr: KVCacheManager, request, block_size: int):
-    """(prompt, block accesses, tokens per accessed block) for one request."""
+def _prompt_for(mgr: KVCacheManager, request, block_size: int, checked: bool = False):
+    """(prompt, block accesses, tokens per accessed block) for one request (``checked``: its
+    block ids come from a loader that checked them, ``Trace.checked_hashes``)."""
     if request.tokens is not None:
         prompt = mgr.prompt(request.tokens, salt=getattr(request, "salt", None))
         full = len(request.tokens) // block_size
         return prompt, full, None
     hashes = request.block_hashes
     n = len(hashes)
-    prompt = mgr.prompt_from_hashes(hashes, n * block_size)
+    prompt = mgr.prompt_from_hashes(hashes, n * block_size, checked=checked)
     return prompt, n, request.input_length - (n - 1) * block_size if n else 0
 
 
@@ -249,7 +250,8 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
     oracle = getattr(policy_obj, "set_next_use", None)
     if name == "belady" and oracle is None:
         raise ValueError("the belady policy needs set_next_use(hash, next_time)")
-    prompts = [_prompt_for(mgr, request, block_size) for request in requests]
+    checked = getattr(trace, "checked_hashes", False)
+    prompts = [_prompt_for(mgr, request, block_size, checked) for request in requests]
     next_uses = _next_uses(prompts) if oracle is not None else None
     result = ReplayResult(policy=name, capacity=capacity, mode=mode, block_size=block_size,
                           host_capacity=host_capacity)

@@ -158,6 +158,9 @@ class Trace:
     path: str | None = None
     format: str = ""
     meta: dict = field(default_factory=dict)   # token traces: the header; kv-cache-tester: file names
+    # True when a loader has checked every request's block ids (ints): a replay then uses them
+    # as they are instead of checking each request again. Set it only on lists nobody changes.
+    checked_hashes: bool = False
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -348,7 +351,8 @@ def load_mooncake(path: str | os.PathLike, block_size: int = MOONCAKE_BLOCK_SIZE
     if not requests:
         raise TraceFormatError(path, 1, "no requests: the file holds no request lines")
     infer_sessions(requests, block_size)
-    return Trace(requests, block_size, name if name is not None else path.stem, str(path), "mooncake")
+    return Trace(requests, block_size, name if name is not None else path.stem, str(path), "mooncake",
+                 checked_hashes=True)
 
 
 def infer_sessions(requests: Sequence[TraceRequest], block_size: int) -> None:
@@ -468,7 +472,7 @@ def load_kvcache_tester(paths: str | os.PathLike | Iterable[str | os.PathLike], 
     if name is None:
         name = files[0].parent.name if len(files) > 1 else files[0].stem
     return Trace(requests, file_block_size, name, str(files[0].parent if len(files) > 1 else files[0]),
-                 "kvcache-tester", {"files": [str(p) for p in files]})
+                 "kvcache-tester", {"files": [str(p) for p in files]}, checked_hashes=True)
 
 
 def _timestamp_key(r: TraceRequest) -> float:
