@@ -34,11 +34,19 @@ Grad modes: the pools (and the host swap space) are always normal tensors,
 allocated under ``torch.inference_mode(False)``, so a store built inside
 ``torch.inference_mode()`` can be written outside it and the other way round.
 
+CPU memory: the pools of a CPU store and a host pool that is not pinned (pinned is for
+CUDA) ask for transparent huge pages (``_cpu_zeros``), and CPU block moves (swap, demote,
+load) copy runs of blocks with ``memmove`` through numpy views of the same memory
+(``_copy_runs``); ``copy_blocks`` is one index_select + index_copy_ on every device.
+
 Only ``import prefixkv.kv.storage`` needs torch; ``import prefixkv`` does not.
 """
 
 from __future__ import annotations
 
+import ctypes
+import math
+import sys
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -69,19 +77,84 @@ def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
                          f"({', '.join(sorted(TORCH_DTYPES))}), not {dtype!r}") from None
 
 
+def _block_rows(t: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU pool ``[layers, 2, blocks, ...]`` as a numpy view ``[layers * 2, blocks]``
+    of the same memory whose elements are raw bytes, one (layer, K/V, block) chunk each: any
+    dtype (bfloat16 included), and an assignment copies each chunk with one ``memmove``."""
+    if not t.is_contiguous():
+        raise ValueError("block copies need contiguous pools")   # a reshape would copy, and writes be lost
+    planes, blocks = t.shape[0] * t.shape[1], t.shape[2]
+    row = t[0, 0, 0].numel() * t.element_size()
+    raw = t.detach().view(torch.uint8).numpy().reshape(planes, blocks, row)
+    return raw.view(np.dtype((np.void, row)))[..., 0]
+
+
 def _copy_runs(dst: torch.Tensor, dst_blocks: list[int], src: torch.Tensor, src_blocks: list[int]) -> int:
-    """Copy blocks (dim 2 of ``[layers, 2, blocks, ...]``) between two CPU tensors in one pass:
-    pairs that continue each other (``s + 1 -> d + 1``) become one slice copy. An index_select
-    into a staging tensor and an index_copy_ out of it would move every byte twice."""
-    i, n = 0, len(dst_blocks)
+    """Copy blocks (dim 2 of ``[layers, 2, blocks, ...]``) between two contiguous CPU tensors in
+    one pass, without staging.
+
+    ``dst_blocks`` must be distinct (``_resolve_copies`` makes them so) and ``dst`` must not
+    share memory with ``src``; the pairs then commute, so they run in source order: pairs that
+    continue each other (``s + 1 -> d + 1``) become one slice copy whatever order they came in.
+    The copies go through numpy views of the same memory (``_block_rows``): a run is one
+    assignment that moves whole (layer, K/V) chunks with ``memmove``, at a fraction of the
+    per-call cost of a torch ``copy_`` of the strided block. An index_select into a staging tensor and an
+    index_copy_ out of it would move every byte twice (and index_copy_ scatters element by
+    element on the CPU).
+    """
+    rows_dst, rows_src = _block_rows(dst), _block_rows(src)
+    pairs = sorted(zip(src_blocks, dst_blocks))
+    i, n = 0, len(pairs)
     while i < n:
+        s, d = pairs[i]
         j = i + 1
-        while j < n and src_blocks[j] == src_blocks[j - 1] + 1 and dst_blocks[j] == dst_blocks[j - 1] + 1:
+        while j < n and pairs[j][0] == s + (j - i) and pairs[j][1] == d + (j - i):
             j += 1
-        d, s = dst_blocks[i], src_blocks[i]
-        dst[:, :, d:d + j - i].copy_(src[:, :, s:s + j - i])
+        rows_dst[:, d:d + j - i] = rows_src[:, s:s + j - i]
         i = j
     return n
+
+
+_HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14   # Linux <sys/mman.h>
+
+
+def _madvise_huge_pages():
+    """``libc.madvise`` where transparent huge pages can be asked for (Linux), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
+
+
+_madvise = _madvise_huge_pages()
+
+
+def _cpu_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """``torch.zeros(shape, dtype=dtype)`` on the CPU, backed by transparent huge pages where
+    the kernel grants them (Linux, THP ``always`` or ``madvise``).
+
+    A block move touches each block as 2 x layers chunks of ``block_size * kv_heads *
+    head_dim`` elements scattered over the pool (32 KiB for 8 KV heads x 128 in bf16 at block
+    size 16); on 4 KiB pages ``demote`` / ``load`` of scattered blocks take 25-40% longer
+    (page walks for every chunk; ``benches/test_bench_host_tier.py``). The tensor
+    is a contiguous view, 2 MiB-aligned, of an allocation one huge page larger; where THP is
+    off it is ordinary memory, as before. Pools under 4 MiB are plain ``torch.zeros``.
+    """
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if _madvise is None or nbytes < 2 * _HUGE_PAGE:
+        return torch.zeros(shape, dtype=dtype)
+    raw = torch.empty(nbytes + _HUGE_PAGE, dtype=torch.uint8)
+    start = -raw.data_ptr() % _HUGE_PAGE
+    _madvise(raw.data_ptr() + start, nbytes - nbytes % _HUGE_PAGE, _MADV_HUGEPAGE)   # advice only
+    tensor = raw[start:start + nbytes].view(dtype).view(shape)
+    tensor.zero_()          # before first use: faults every page in (huge where granted)
+    return tensor
 
 
 def _resolve_copies(copies: Iterable[tuple[int, int]], *, chained: bool) -> tuple[list[int], list[int]]:
@@ -129,8 +202,11 @@ class KVStore:
         # inside ``torch.inference_mode()`` would otherwise hold inference tensors that
         # cannot be written in place outside it. Normal tensors can be written in both.
         with torch.inference_mode(False):
-            self.data = torch.zeros((self.num_layers, 2, self.num_blocks, self.block_size, self.kv_heads,
-                                     self.head_dim), dtype=self.dtype, device=self.device)
+            shape = (self.num_layers, 2, self.num_blocks, self.block_size, self.kv_heads, self.head_dim)
+            if self.device.type == "cpu":
+                self.data = _cpu_zeros(shape, self.dtype)
+            else:
+                self.data = torch.zeros(shape, dtype=self.dtype, device=self.device)
             self.k: list[torch.Tensor] = [self.data[layer, 0] for layer in range(self.num_layers)]
             self.v: list[torch.Tensor] = [self.data[layer, 1] for layer in range(self.num_layers)]
         self.host: torch.Tensor | None = None
@@ -248,7 +324,10 @@ class KVStore:
             raise ValueError(f"num_host_blocks must be >= 0, got {num_host_blocks}")
         shape = (self.num_layers, 2, num_host_blocks, self.block_size, self.kv_heads, self.head_dim)
         with torch.inference_mode(False):   # usable inside and outside inference mode (see __init__)
-            self.host = torch.zeros(shape, dtype=self.dtype, device="cpu", pin_memory=self.device.type == "cuda")
+            if self.device.type == "cuda":
+                self.host = torch.zeros(shape, dtype=self.dtype, device="cpu", pin_memory=True)
+            else:
+                self.host = _cpu_zeros(shape, self.dtype)
 
     def _need_host(self) -> torch.Tensor:
         if self.host is None:
