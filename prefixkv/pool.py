@@ -56,8 +56,9 @@ class BlockPool:
         self.ref_count: list[int] = []
         self.num_tokens: list[int] = []                    # valid token slots
         self.block_hash: list[Hashable | None] = []        # primaries only
+        # parent hash and index in its prefix chain: kept only while ``keep_chain`` (else empty)
         self.parent_hash: list[Hashable | None] = []
-        self.depth: list[int] = []                         # index in its prefix chain
+        self.depth: list[int] = []
         self.priority: list[int] = []                      # of the last sequence releasing it
         self.content: list[bytes | None] = []              # verify mode only
         self._cached: dict[Hashable, int] = {}             # hash -> primary block
@@ -105,8 +106,9 @@ class BlockPool:
         self._valid_victims = type(policy).__dict__.get("valid_victims", False) is True
         # parent_hash / depth of published blocks are kept for policies that read them, for a
         # tier below (demotion copies them; the manager sets keep_chain) and in verify mode.
-        # A policy class that declares ``reads_chain = False`` itself (not inherited) saves the stores.
-        self.keep_chain = type(policy).__dict__.get("reads_chain", True) is not False
+        # A policy class that declares ``reads_chain = False`` itself (not inherited) saves the
+        # stores and the two lists (16 B per block).
+        self._keep_chain = verify or type(policy).__dict__.get("reads_chain", True) is not False
         self._priorities_used = False      # a release with a priority other than 0 happened
         from .policies.base import PolicyBase
 
@@ -114,6 +116,25 @@ class BlockPool:
         # None: on_cached is the base class's no-op, so a batch publish need not call it at all
         self._on_cached = None if getattr(type(policy), "on_cached", None) is PolicyBase.on_cached \
             else policy.on_cached
+
+    @property
+    def keep_chain(self) -> bool:
+        """Whether ``parent_hash`` / ``depth`` are kept (per block) for published blocks."""
+        return self._keep_chain
+
+    @keep_chain.setter
+    def keep_chain(self, keep: bool) -> None:
+        if keep and not self._keep_chain:
+            if self._cached:
+                raise InvariantViolation("keep_chain must be turned on before anything is published")
+            grow = len(self.ref_count) - len(self.parent_hash)
+            self.parent_hash.extend([None] * grow)
+            self.depth.extend([0] * grow)
+        elif not keep and self._keep_chain:
+            if self.verify:
+                raise InvariantViolation("verify mode reads the chain: keep_chain stays on")
+            del self.parent_hash[:], self.depth[:]
+        self._keep_chain = bool(keep)
 
     # -- questions -----------------------------------------------------------
     @property
@@ -145,8 +166,9 @@ class BlockPool:
             self.ref_count.extend([0] * grow)
             self.num_tokens.extend([0] * grow)
             self.block_hash.extend([None] * grow)
-            self.parent_hash.extend([None] * grow)
-            self.depth.extend([0] * grow)
+            if self._keep_chain:
+                self.parent_hash.extend([None] * grow)
+                self.depth.extend([0] * grow)
             self.priority.extend([0] * grow)
             if self.verify:
                 self.content.extend([None] * grow)
@@ -512,8 +534,9 @@ class BlockPool:
         del self._duplicate_hash[duplicate]
         self._cached[block_hash] = duplicate
         self.block_hash[duplicate] = block_hash
-        self.parent_hash[duplicate] = self.parent_hash[evicted]
-        self.depth[duplicate] = self.depth[evicted]
+        if self._keep_chain:
+            self.parent_hash[duplicate] = self.parent_hash[evicted]
+            self.depth[duplicate] = self.depth[evicted]
         if self.verify:
             self.content[duplicate] = self.content[evicted]
         self.policy.on_cached(duplicate)
@@ -536,8 +559,9 @@ class BlockPool:
             return True
         self._cached[block_hash] = block
         self.block_hash[block] = block_hash
-        self.parent_hash[block] = parent_hash
-        self.depth[block] = depth
+        if self._keep_chain:
+            self.parent_hash[block] = parent_hash
+            self.depth[block] = depth
         if self.verify:
             self.content[block] = content
         self.policy.on_cached(block)
@@ -585,14 +609,16 @@ class BlockPool:
             return
         parent = parent_hash
         primaries = []
+        keep_chain = self._keep_chain
         for block, h, primary in zip(blocks, hashes, got):
             if primary != block:     # already cached: a duplicate of its primary
                 self._duplicate_hash[block] = h
                 self._duplicates.setdefault(h, []).append(block)
             else:
                 block_hash[block] = h
-                parents[block] = parent
-                depths[block] = depth
+                if keep_chain:
+                    parents[block] = parent
+                    depths[block] = depth
                 primaries.append(block)
             parent = h
             depth += 1
@@ -624,14 +650,16 @@ class BlockPool:
             primaries = blocks
         else:
             primaries = []
+            keep_chain = self._keep_chain
             for block, h, parent, depth, primary in zip(blocks, hashes, parents, depths, got):
                 if primary != block:     # already cached: a duplicate of its primary
                     self._duplicate_hash[block] = h
                     self._duplicates.setdefault(h, []).append(block)
                 else:
                     block_hash[block] = h
-                    parent_list[block] = parent
-                    depth_list[block] = depth
+                    if keep_chain:
+                        parent_list[block] = parent
+                        depth_list[block] = depth
                     primaries.append(block)
         if on_cached is not None and primaries:
             self._cached_batch(primaries)
@@ -741,8 +769,9 @@ class BlockPool:
         # Refill in place: policies may keep references to these lists across a reset.
         n = len(self.block_hash)
         self.block_hash[:] = [None] * n
-        self.parent_hash[:] = [None] * n
-        self.depth[:] = [0] * n
+        if self._keep_chain:
+            self.parent_hash[:] = [None] * n
+            self.depth[:] = [0] * n
         if self.verify:
             self.content[:] = [None] * n
         self.policy.clear()
@@ -762,8 +791,10 @@ class BlockPool:
         """Verify the pool against the block tables that hold its blocks."""
         n = self.num_blocks
         made = len(self.ref_count)     # blocks with metadata; every one from _fresh on is free
-        if not self._fresh <= made <= n or any(len(values) != made for values in (
-                self.num_tokens, self.block_hash, self.parent_hash, self.depth, self.priority)):
+        per_block = (self.num_tokens, self.block_hash, self.priority) + (
+            (self.parent_hash, self.depth) if self._keep_chain else ())
+        if not self._fresh <= made <= n or any(len(values) != made for values in per_block) or (
+                not self._keep_chain and (self.parent_hash or self.depth)):
             raise InvariantViolation(f"per-block metadata covers {made} blocks, {self._fresh} handed out")
         holders = [0] * made
         for table in tables:
