@@ -830,9 +830,9 @@ class KVCacheManager:
 
     def take_loads(self) -> list[tuple[int, int]]:
         """Pending (host block, device block) copies of host-tier hits; clears them and releases
-        the host blocks they read (exclusive: those hashes leave the host tier). Run them after the
-        demotions and before the copy-on-write copies and the step's writes, and before the next
-        call that changes this manager."""
+        the host blocks they read (exclusive: their hashes left the host tier at the admission,
+        the device holds them). Run them after the demotions and before the copy-on-write copies
+        and the step's writes, and before the next call that changes this manager."""
         loads, self._loads = self._loads, []
         if self._load_pins:
             pins, self._load_pins = self._load_pins, []
