@@ -22,9 +22,8 @@ conversations that have lasted longer are likelier to continue.
   1 when the session's next request came, 0 when it had not come
   ``timeout`` x ``g`` seconds after the release (the forecast then closes).
 
-Order. A hinted release's blocks are *waiting*, keyed by ``due = t + g / p``
-(``p ** fallback_weight`` for turn classes, whose forecasts are weaker): the
-predicted return, pushed back by the odds against one. Among waiting blocks the
+Order. A hinted release's blocks are *waiting*, keyed by ``due = t + g / p``:
+the predicted return, pushed back by the odds against one. Among waiting blocks the
 latest ``due`` goes first (Belady on the forecast), and within a release the
 deepest block first (tail first: evicting a head would orphan the rest). When
 the clock passes ``due`` the blocks are *overdue* and join the *aged* group,
@@ -35,6 +34,26 @@ oldest block is expected back after about as long again as it has waited
 (``kappa`` x its age, counted from now); an eviction compares that with the
 latest waiting ``due`` and takes whichever is further away.
 
+Chat fallback (hints without an end reason, e.g. Mooncake chat). A point forecast
+of the gap ranks badly there (return AUC ~0.6, gaps spread over minutes), so such
+releases are ranked by learned *reuse tables* instead. Each block is put in a class
+(``_chat_class``): the release's tail (a partly filled block in chat traces, almost
+never reused), a block shared by sessions, or a private block by how often its hash
+was accessed (1..4+), the time since its session's previous request and the
+request's length in tokens (from the tail's ``pool.depth``). Every such block opens
+a reuse *experiment* on its hash: an access (hit, or the hash cached again) closes it
+as a reuse at its age; its exposure per age bucket (0, 1, 2, 4 .. 4096 s) is counted
+as it ages, so open experiments are censored correctly (hazard = reuses / exposure,
+per bucket). A class's hazard is shrunk to its parent's (its key without the last
+field). From the hazard, each class gets an *index* per age bucket: the most reuses
+per block-second its block can still give if kept up to some later age (LHD-like).
+Blocks of a class wait in release order; an eviction takes the lowest index among
+the class heads (a sorted list, rescored when the clock moves), compared in the same
+unit with the aged group (1 / (``kappa`` x age)) and the waiting runs (1 / time to
+due). Only the past is used; the tables are recomputed every 256 chat releases and
+rank blocks once 64 experiments were opened (before that, chat releases wait as
+above, with ``p ** fallback_weight``).
+
 Clock: ``hint.time`` (seconds; a replay passes the trace's timestamps), or
 ``time.monotonic()`` for hints without a time; the clock never goes back.
 Blocks released without a hint are stamped with the clock's current value and a
@@ -42,25 +61,33 @@ release counter breaks ties, so without hints the order is LRU's.
 
 O(1) per release, hit and eviction of a block (ordered dicts), O(log n) per
 run of consecutively released blocks (sorted lists of runs); a clock step
-moves each newly overdue run once. Sessions are remembered up to
-``max_sessions`` (least recently seen forgotten first; default: 65,536 or the
-pool's capacity, whichever is larger, so forecasts do not depend on the cache
-size).
+moves each newly overdue run once. Chat releases: O(1) per block (an experiment
+moves through at most 13 age buckets), O(log K) per eviction among K class heads
+(K <= 50), O(K) per clock step and O(K x 13^2) per table recomputation. Sessions are
+remembered up to ``max_sessions`` (least recently seen forgotten first; default:
+65,536 or the pool's capacity, whichever is larger, so forecasts do not depend on
+the cache size); hash access counts in two generations of at most max(2^18, 16 x
+capacity), open experiments at most 2^19.
 
 Defaults (``rate=0.05, timeout=8, kappa=1, fallback_weight=0.5``) are one set
-for every trace. They were chosen on the 24-file WEKA sample and the two
-Mooncake traces at 2/5/10 % of their distinct blocks, among a handful of
-variants (``kappa`` 0.3 / 0.5 / 1 / 2 / 3; ``p`` entering as ``g / p``, as a
-log-odds shift of LRU, or not at all; ``fallback_weight`` 0 / 0.5 / 1). The
-72-file WEKA set was replayed along the way but not used to choose between
-variants; the maintainers' held-out traces are the real check.
+for every trace, chosen on the 24-file WEKA sample and the two Mooncake traces
+at 2/5/10 % of their distinct blocks; the 72-file WEKA set was replayed but not
+used to choose. The chat fallback's constants (buckets doubling from 1 s to 4096 s,
+prior weight 5, 20,000 experiments a class, the class fields and their cut points
+30 s / 10 min and 16k / 32k tokens) were chosen on the two Mooncake traces (the only
+ones without end reasons) among about 25 variants (class fields with and without
+turn, access count, gap, length; bucket ratio 2 or sqrt 2; prior weight 5 / 20 / 80;
+an LRU-like prior for unseen ages), taking the one with the largest smallest margin
+to the targets; they leave the WEKA traces (all releases carry an end reason)
+exactly as before. The maintainers' held-out traces are the real check.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from math import exp, log
+from bisect import bisect_right
+from collections import OrderedDict, deque
+from math import exp, inf, log
 from typing import Hashable
 
 from sortedcontainers import SortedList
@@ -71,6 +98,50 @@ _SHARED = object()       # owner of a block released by two sessions
 _START_LOG_GAP = log(61.0)  # prior mean log(1 + gap) before anything is observed
 _MIN_P = 0.02
 _SESSIONS = 1 << 16      # sessions remembered by default (~200 B each), so forecasts do not depend on capacity
+
+# The chat fallback's learned reuse tables (see the module doc).
+_EDGES = (0.0,) + tuple(float(2 ** k) for k in range(13))  # age buckets, seconds: 0, 1, 2, 4, ..., 4096
+_B = len(_EDGES) - 1
+_WIDTH = tuple(_EDGES[b + 1] - _EDGES[b] for b in range(_B))
+_MID = tuple(0.5 * (_EDGES[b] + _EDGES[b + 1]) for b in range(_B))
+_EVIDENCE = 64           # block experiments opened before the tables rank chat releases
+_PRIOR = 5.0             # a class's hazard is shrunk to its parent's, worth this many blocks through each bucket
+_CAP = 20000.0           # experiments a class remembers (its counts halve beyond)
+_REFRESH = 256           # chat releases between two recomputations of the tables
+_OPEN = 1 << 19          # experiments open at once, at most (later blocks open none until some close)
+
+
+def _chat_class(leaf: bool, shared: bool, count: int, gap: float, tokens: int) -> tuple:
+    """A chat block's class: the release's tail; a block shared by sessions; else a private block by how
+    often its hash was accessed (1..4+), the time since its session's previous request (none, < 30 s,
+    < 10 min, longer) and the request's length (< 16k, < 32k, longer tokens). Coarse to fine: the
+    tables shrink a class to its prefix."""
+    if leaf:
+        return ("leaf",)
+    if shared:
+        return ("shared",)
+    return ("private", count if count < 4 else 4, 0 if gap < 0 else (1 if gap < 30 else (2 if gap < 600 else 3)),
+            (tokens >= 16384) + (tokens >= 32768))
+
+
+class _Queue:
+    """The candidates of one chat class, in release order (tail first within a release), and what the
+    class's block experiments taught: per age bucket, reuses and exposure (seconds survived in it)."""
+
+    __slots__ = ("klass", "seq", "blocks", "hits", "expo", "inside", "tsum", "total", "table")
+    queue = True
+    waiting = False
+
+    def __init__(self, klass: tuple, seq: int) -> None:
+        self.klass = klass
+        self.seq = seq
+        self.blocks: OrderedDict[int, float] = OrderedDict()  # block -> release time
+        self.hits = [0.0] * _B
+        self.expo = [0.0] * _B
+        self.inside = [0] * _B      # open experiments now in each bucket ...
+        self.tsum = [0.0] * _B      # ... and the sum of their release times (their exposure so far)
+        self.total = 0.0
+        self.table = [0.0] * _B     # the index by the head's age bucket
 
 
 def _turn_class(turn: int | None) -> tuple:
@@ -96,6 +167,7 @@ class _Group:
     and groups are numbered in release order, so a group order is a block order."""
 
     __slots__ = ("seq", "key", "blocks", "waiting", "due", "released")
+    queue = False
 
     def __init__(self, seq: int, waiting: bool, due: float, released: float, hint: int) -> None:
         self.seq = seq
@@ -144,11 +216,33 @@ class SessionPolicy(PolicyBase):
         self._mu: dict[Hashable, tuple] = {}  # class -> (EWMA of log(1 + gap), observations)
         self._p: dict[Hashable, tuple] = {}   # class -> (EWMA of return outcomes, observations)
         self._mu_all = _START_LOG_GAP         # all classes: the prior of a new class
+        # The chat fallback (releases without an end reason): class queues and their learned tables.
+        self._queues: dict[tuple, _Queue] = {}
+        self._qseq = 0
+        self._chat = False                    # a chat release was seen: accesses are counted
+        self._fb = False                      # the hinted release in progress is a chat release ...
+        self._active = False                  # ... ranked by the tables (enough evidence)
+        self._leaf = False                    # the next chat block is the release's tail
+        self._gap = -1.0                      # seconds since the session's previous request (-1: none)
+        self._tokens = 0                      # the release's length in tokens (from its tail's depth)
+        self._open: dict = {}                 # hash -> its open experiment [queue, time, bucket, open, hash]
+        self._ages = [deque() for _ in range(_B)]  # open experiments by age bucket, release order
+        self._pending: list = []              # experiments whose hash was accessed since the last hint
+        self._evidence = 0                    # experiments opened
+        self._since = 0                       # chat releases since the tables were computed
+        self._counts: dict = {}               # hash -> accesses (two generations: bounded memory)
+        self._counts_old: dict = {}
+        self._count_limit = 1 << 18
+        self._heads = SortedList()            # (index, seq) of each non-empty queue's head
+        self._head_of: dict[int, tuple] = {}  # queue seq -> its entry in _heads
+        self._qs: dict[int, _Queue] = {}      # queue seq -> queue
+        self._stale = True                    # heads must be rescored (the clock or the tables moved)
 
     def bind(self, pool) -> None:
         super().bind(pool)
         if self.max_sessions is None:
             self._limit = max(_SESSIONS, pool.num_blocks)
+        self._count_limit = max(1 << 18, 16 * pool.num_blocks)
 
     # -- prediction ------------------------------------------------------------------------------------
     @staticmethod
@@ -186,6 +280,9 @@ class SessionPolicy(PolicyBase):
             return
         self._now = now
         self._agroup = self._choice = None
+        self._stale = True
+        if self._open:
+            self._age_out()
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
             entry = deadlines.pop(0)
@@ -218,6 +315,11 @@ class SessionPolicy(PolicyBase):
                     self._deadlines.remove(old.deadline)
         else:
             sessions.move_to_end(hint.session)
+        chat = hint.end is None and hint.next_arrival is None
+        if chat:
+            self._gap = now - state.last if state.last is not None else -1.0
+        if self._pending:
+            self._resolve()
         if state.last is not None:
             lg = log(1.0 + (now - state.last))
             rate = self.rate
@@ -248,11 +350,22 @@ class SessionPolicy(PolicyBase):
         self._hint = hint
         self._hgroup = None
         self._hints += 1
+        self._fb = self._leaf = chat
+        if chat:
+            self._chat = True
+            self._active = self._evidence >= _EVIDENCE
+            self._since += 1
+            if self._since >= _REFRESH:
+                self._since = 0
+                self._tables()
 
     # -- events ----------------------------------------------------------------------------------------
     def on_released(self, block: int) -> None:
         hint = self.pool.hint
         if hint is not None and hint is self._hint:
+            if self._fb:
+                self._chat_release((block,))
+                return
             owner = self._owner.get(block)
             if owner is None or owner == hint.session:
                 if owner is None:
@@ -284,6 +397,9 @@ class SessionPolicy(PolicyBase):
                 put(block, None)
                 group_of[block] = group
             return
+        if self._fb:
+            self._chat_release(blocks)
+            return
         session = hint.session
         owners = self._owner
         get = owners.get
@@ -304,6 +420,211 @@ class SessionPolicy(PolicyBase):
             group.blocks[block] = None
             group_of[block] = group
 
+    # -- the chat fallback ---------------------------------------------------------------------------------
+    def _chat_release(self, blocks) -> None:
+        """Blocks of a release without an end reason: classed, each opens a reuse experiment, and (once
+        the tables have evidence) queued in its class; before that they are placed as before."""
+        hint = self._hint
+        session = hint.session
+        owners = self._owner
+        pool = self.pool
+        hashes = pool.block_hash
+        now = self._now
+        gof = self._group_of
+        opened = self._open
+        first = self._ages[0]
+        for block in blocks:
+            counts, old = self._counts, self._counts_old
+            owner = owners.get(block)
+            shared = owner is not None and owner != session
+            if shared:
+                if owner is not _SHARED:
+                    owners[block] = _SHARED
+            elif owner is None:
+                owners[block] = session
+            leaf = self._leaf
+            if leaf:
+                self._leaf = False
+                self._tokens = (pool.depth[block] + 1) * pool.block_size
+            h = hashes[block]
+            count = counts.get(h) or old.get(h) or 1
+            klass = _chat_class(leaf, shared, count, self._gap, self._tokens)
+            q = self._queues.get(klass)
+            if q is None:
+                self._qseq += 1
+                q = self._queues[klass] = _Queue(klass, self._qseq)
+                self._qs[q.seq] = q
+                self._tables()
+            if len(opened) < _OPEN:
+                entry = [q, now, 0, True, h]
+                previous = opened.get(h)
+                if previous is not None and previous[3]:   # released again, never accessed: it stops
+                    self._close(previous)
+                opened[h] = entry
+                first.append(entry)
+                q.inside[0] += 1
+                q.tsum[0] += now
+                q.total += 1.0
+                self._evidence += 1
+            if self._active:
+                empty = not q.blocks
+                q.blocks[block] = now
+                gof[block] = q
+                if empty and not self._stale:
+                    self._rehead(q)
+                self._choice = None
+            elif shared:
+                group = self._last
+                if group is None or group is not self._agroup or not group.blocks:
+                    group = self._agroup = self._new_group(False, self._now)
+                group.blocks[block] = None
+                gof[block] = group
+            else:
+                group = self._last
+                if group is None or group is not self._hgroup or not group.blocks:
+                    group = self._hgroup = self._new_group(self._wait, self._due)
+                group.blocks[block] = None
+                gof[block] = group
+
+    def _close(self, entry) -> None:
+        """Stop an experiment without an outcome (its exposure so far is kept)."""
+        entry[3] = False
+        q, t, b = entry[0], entry[1], entry[2]
+        q.inside[b] -= 1
+        q.tsum[b] -= t
+        q.expo[b] += max(0.0, self._now - t - _EDGES[b])
+
+    def _touch(self, h) -> None:
+        """An access of hash ``h`` (a hit, or its block cached again): count it, end its experiment."""
+        counts = self._counts
+        counts[h] = (counts.get(h) or self._counts_old.get(h) or 0) + 1
+        if len(counts) > self._count_limit:
+            self._counts_old = counts
+            self._counts = {}
+        entry = self._open.pop(h, None)
+        if entry is not None and entry[3]:
+            self._pending.append(entry)     # its age is known at the next hint's time
+
+    def _resolve(self) -> None:
+        """Record the reuses since the last hint, at the clock that hint moved to."""
+        now = self._now
+        for entry in self._pending:
+            if entry[3]:
+                entry[3] = False
+                q, t, b = entry[0], entry[1], entry[2]
+                q.hits[b] += 1.0
+                q.inside[b] -= 1
+                q.tsum[b] -= t
+                q.expo[b] += max(0.0, now - t - _EDGES[b])
+        self._pending = []
+
+    def _age_out(self) -> None:
+        """Move open experiments whose age passed their bucket's end into the next bucket (or close them:
+        not reused within the last edge)."""
+        now = self._now
+        ages = self._ages
+        opened = self._open
+        for b in range(_B):
+            d = ages[b]
+            limit = now - _EDGES[b + 1]
+            while d and d[0][1] <= limit:
+                entry = d.popleft()
+                if not entry[3]:
+                    continue
+                q, t = entry[0], entry[1]
+                q.expo[b] += _WIDTH[b]
+                q.inside[b] -= 1
+                q.tsum[b] -= t
+                if b + 1 < _B:
+                    entry[2] = b + 1
+                    ages[b + 1].append(entry)
+                    q.inside[b + 1] += 1
+                    q.tsum[b + 1] += t
+                else:
+                    entry[3] = False
+                    if opened.get(entry[4]) is entry:
+                        del opened[entry[4]]
+
+    def _tables(self) -> None:
+        """Each class's index by age bucket: the most reuses per block-second its blocks can give if kept
+        up to some later age, from a hazard per bucket (reuses / exposure, censoring-aware) shrunk to the
+        class's parent (its key without the last field), the root to almost nothing."""
+        now = self._now
+        queues = list(self._queues.values())
+        hits: dict = {}
+        expos: dict = {}
+        own: dict = {}
+        for q in queues:
+            if q.total > _CAP:
+                q.hits = [x * 0.5 for x in q.hits]
+                q.expo = [x * 0.5 for x in q.expo]
+                q.total *= 0.5
+            e = [q.expo[b] + max(0.0, q.inside[b] * (now - _EDGES[b]) - q.tsum[b]) for b in range(_B)]
+            own[q.seq] = e
+            for level in range(1, len(q.klass) + 1):
+                key = q.klass[:level]
+                h = hits.setdefault(key, [0.0] * _B)
+                x = expos.setdefault(key, [0.0] * _B)
+                for b in range(_B):
+                    h[b] += q.hits[b]
+                    x[b] += e[b]
+        rates: dict = {}
+
+        def rate(key):
+            r = rates.get(key)
+            if r is None:
+                h, x = hits[key], expos[key]
+                if len(key) == 1:
+                    r = [(h[b] + 0.01) / (x[b] + _WIDTH[b]) for b in range(_B)]
+                else:
+                    parent = rate(key[:-1])
+                    r = [(h[b] + _PRIOR * _WIDTH[b] * parent[b]) / (x[b] + _PRIOR * _WIDTH[b]) for b in range(_B)]
+                rates[key] = r
+            return r
+
+        for q in queues:
+            lam = rate(q.klass)
+            reuse = [1.0 - exp(-_WIDTH[b] * lam[b]) for b in range(_B)]
+            alive = [1.0] * (_B + 1)
+            for b in range(_B):
+                alive[b + 1] = alive[b] * (1.0 - reuse[b])
+            table = []
+            for j in range(_B):
+                a = _EDGES[j]
+                best = got = spent = 0.0
+                if alive[j] > 1e-12:
+                    for k in range(j, _B):
+                        p = alive[k] * reuse[k]
+                        got += p
+                        spent += p * (_MID[k] - a)
+                        t = spent + alive[k + 1] * (_EDGES[k + 1] - a)
+                        if t > 0.0 and got / t > best:
+                            best = got / t
+                table.append(best)
+            q.table = table
+        self._stale = True
+
+    def _score(self, q: _Queue) -> float:
+        j = bisect_right(_EDGES, self._now - next(iter(q.blocks.values()))) - 1
+        return q.table[j] if j < _B else 0.0
+
+    def _rehead(self, q: _Queue) -> None:
+        entry = self._head_of.pop(q.seq, None)
+        if entry is not None:
+            self._heads.remove(entry)
+        if q.blocks:
+            entry = self._head_of[q.seq] = (self._score(q), q.seq)
+            self._heads.add(entry)
+
+    def _rescore(self) -> None:
+        self._heads.clear()
+        self._head_of.clear()
+        for q in self._queues.values():
+            if q.blocks:
+                entry = self._head_of[q.seq] = (self._score(q), q.seq)
+                self._heads.add(entry)
+        self._stale = False
+
     def _new_group(self, waiting: bool, due: float) -> _Group:
         """A new run of candidates, after every existing one in release order."""
         self._seq = seq = self._seq + 1
@@ -321,27 +642,70 @@ class SessionPolicy(PolicyBase):
             (self._waiting if group.waiting else self._aged).remove((group.key, seq))
 
     def on_hit(self, block: int, was_evictable: bool) -> None:
+        if self._chat:
+            self._touch(self.pool.block_hash[block])
         if was_evictable:
             group = self._group_of.pop(block)
+            if group.queue:
+                head = next(iter(group.blocks)) == block
+                del group.blocks[block]
+                self._choice = None
+                if head and not self._stale:
+                    self._rehead(group)
+                return
             del group.blocks[block]
             if not group.blocks:
                 self._drop_if_empty(group)
 
-    def _choose(self) -> _Group:
+    def on_cached(self, block: int) -> None:
+        if self._chat:
+            self._touch(self.pool.block_hash[block])
+
+    def on_cached_batch(self, blocks: list[int]) -> None:
+        """``on_cached`` for each block in order."""
+        if self._chat:
+            hashes = self.pool.block_hash
+            for block in blocks:
+                self._touch(hashes[block])
+
+    def _choose(self) -> _Group | _Queue:
         waiting, aged = self._waiting, self._aged
         now = self._now
-        if aged and (not waiting or now + self.kappa * (now - aged[0][0][0]) >= waiting[-1][0][0]):
-            group = self._groups[aged[0][1]]
-        else:
-            group = self._groups[waiting[-1][1]]
-        self._choice = group
-        return group
+        if not self._heads and (self._stale is False or not any(q.blocks for q in self._queues.values())):
+            if aged and (not waiting or now + self.kappa * (now - aged[0][0][0]) >= waiting[-1][0][0]):
+                group = self._groups[aged[0][1]]
+            else:
+                group = self._groups[waiting[-1][1]]
+            self._choice = group
+            return group
+        # Chat queues hold candidates: every side in reuses per block-second. A chat queue's head is worth
+        # its class's index at its age; the oldest aged block 1 / (kappa x its age); a waiting run 1 / (time
+        # until due). The lowest goes.
+        if self._stale:
+            self._rescore()
+        best, score = None, inf
+        if aged:
+            best, score = self._groups[aged[0][1]], 1.0 / (self.kappa * (now - aged[0][0][0]) + 1e-9)
+        if self._heads:
+            value, seq = self._heads[0]
+            if value < score:
+                best, score = self._qs[seq], value
+        if waiting and (best is None or 1.0 / max(waiting[-1][0][0] - now, 1e-9) < score):
+            best = self._groups[waiting[-1][1]]
+        if not best.queue:
+            self._choice = best
+        return best
 
     def evict(self) -> int:
-        # Evictions come in bursts (one allocation): the choice holds until a run is added or removed.
+        # Evictions come in bursts (one allocation): the choice holds until a run is added or removed
+        # (a chat queue's head is rescored after each).
         group = self._choice or self._choose()
         block = group.blocks.popitem(last=False)[0]
-        if not group.blocks:
+        if group.queue:
+            self._choice = None
+            if not self._stale:
+                self._rehead(group)
+        elif not group.blocks:
             self._drop_if_empty(group)
         del self._group_of[block]
         self._owner.pop(block, None)
@@ -355,6 +719,11 @@ class SessionPolicy(PolicyBase):
         self._group_of.clear()
         self._owner.clear()
         self._last = self._hgroup = self._agroup = self._choice = None
+        for q in self._queues.values():
+            q.blocks.clear()
+        self._heads.clear()
+        self._head_of.clear()
+        self._stale = True
 
     def __len__(self) -> int:
         return len(self._group_of)
@@ -367,6 +736,13 @@ class SessionPolicy(PolicyBase):
         out = []
         for key, seq in list(self._aged) + list(reversed(self._waiting)):
             out.extend(self._groups[seq].blocks)
+        if any(q.blocks for q in self._queues.values()):   # chat queues: exact only without them
+            if self._stale:
+                self._rescore()
+            chat = []
+            for value, seq in self._heads:
+                chat.extend(self._qs[seq].blocks)
+            out = chat + out
         return out
 
     def snapshot(self) -> tuple:
@@ -376,4 +752,8 @@ class SessionPolicy(PolicyBase):
                 tuple(sorted(self._owner.items(), key=repr)), tuple(sorted(self._mu.items(), key=repr)),
                 tuple(sorted(self._p.items(), key=repr)), tuple(self._deadlines),
                 tuple((k, s.last, s.klass, s.n, tuple(sorted(s.mu.items(), key=repr)), s.deadline)
-                      for k, s in self._sessions.items()))
+                      for k, s in self._sessions.items()),
+                tuple((q.klass, tuple(q.blocks.items()), tuple(q.hits), tuple(q.expo), tuple(q.inside), q.total)
+                      for q in self._queues.values()),
+                tuple(sorted(((h, tuple(e[:1][0].klass), e[1], e[2]) for h, e in self._open.items()), key=repr)),
+                self._evidence)

@@ -302,3 +302,42 @@ def test_the_batched_release_is_the_same_events_as_one_by_one():
         return evicted, mgr.pool.snapshot()
 
     assert run(SessionPolicy()) == run(OneByOne())
+
+
+def _chat_trace(n_sessions=300, seed=3):
+    """Chat without end reasons: each request is a shared prompt block, the session's history and a new
+    partly filled tail (never reused). A third of the sessions come back (after 40-90 s, up to 4 turns)."""
+    import random
+
+    rng = random.Random(seed)
+    events = []
+    for k in range(n_sessions):
+        start = 2.0 * k
+        turns = 1 + (3 if k % 3 == 0 else 0)
+        history = []
+        for turn in range(turns):
+            history = history + [1_000_000 * (k + 1) + 10 * turn + j for j in range(3)]
+            events.append((start, k, [7] + history + [10 ** 9 + 100 * k + turn]))
+            start += rng.uniform(40.0, 90.0)
+    events.sort(key=lambda e: e[0])
+    return Trace([TraceRequest(t, len(ids) * 64, 1, ids) for t, _, ids in events], 64)
+
+
+def test_the_chat_fallback_learns_reuse_tables_and_beats_lru():
+    from prefixkv.sim.traces import infer_sessions
+
+    trace = _chat_trace()
+    infer_sessions(trace.requests, 64)
+    assert all(r.stop is None and r.session is not None for r in trace.requests)
+    capacity = 120
+    policy = SessionPolicy()
+    session = replay(trace, policy, capacity)
+    lru = replay(trace, "lru", capacity)
+    assert session.block_hit_rate > lru.block_hit_rate
+    tables = {q.klass: q.table for q in policy._queues.values()}
+    leaf = tables[("leaf",)]
+    private = [t for k, t in tables.items() if k[0] == "private"]
+    assert private and leaf[0] < 0.1 * max(t[0] for t in private)   # dead tails rank far below returning history
+    mgr_policy = SessionPolicy()
+    check = replay(trace, mgr_policy, capacity)
+    assert check.block_hit_rate == session.block_hit_rate          # deterministic
