@@ -87,6 +87,8 @@ from __future__ import annotations
 import time
 from bisect import bisect_right
 from collections import OrderedDict, deque
+from itertools import compress, repeat
+from operator import is_
 from math import exp, inf, log
 from typing import Hashable
 
@@ -182,6 +184,7 @@ class _Group:
 
 class SessionPolicy(PolicyBase):
     name = "session"
+    valid_victims = True    # evict_many returns distinct evictable blocks (tests/test_session.py checks it)
 
     def __init__(self, rate: float = 0.05, timeout: float = 8.0, kappa: float = 1.0,
                  max_sessions: int | None = None, fallback_weight: float = 0.5) -> None:
@@ -403,6 +406,20 @@ class SessionPolicy(PolicyBase):
         session = hint.session
         owners = self._owner
         get = owners.get
+        seen = list(map(get, blocks))
+        if seen.count(None) + seen.count(session) == len(blocks):
+            # every block is this session's own (the common release): one waiting run, filled in C
+            new = seen.count(None)
+            if new == len(blocks):
+                owners.update(zip(blocks, repeat(session)))
+            elif new:
+                owners.update(zip(compress(blocks, map(is_, seen, repeat(None))), repeat(session)))
+            group = self._last
+            if group is None or group is not self._hgroup or not group.blocks:
+                group = self._hgroup = self._new_group(self._wait, self._due)
+            group.blocks.update(zip(blocks, repeat(None)))
+            group_of.update(zip(blocks, repeat(group)))
+            return
         for block in blocks:
             owner = get(block)
             if owner is None or owner == session:
@@ -657,6 +674,26 @@ class SessionPolicy(PolicyBase):
             if not group.blocks:
                 self._drop_if_empty(group)
 
+    def on_hit_batch(self, blocks: list[int]) -> None:
+        """``on_hit(b, True)`` for each block in order."""
+        if self._chat:
+            on_hit = self.on_hit
+            for block in blocks:
+                on_hit(block, True)
+            return
+        # Without chat releases there are no class queues, only runs. A request usually hits the
+        # whole run its session released last: then the run is emptied at once.
+        groups = list(map(self._group_of.pop, blocks))
+        first = groups[0] if groups else None
+        if first is not None and len(first.blocks) == len(blocks) and groups.count(first) == len(groups):
+            first.blocks.clear()
+            self._drop_if_empty(first)
+            return
+        for block, group in zip(blocks, groups):
+            del group.blocks[block]
+            if not group.blocks:
+                self._drop_if_empty(group)
+
     def on_cached(self, block: int) -> None:
         if self._chat:
             self._touch(self.pool.block_hash[block])
@@ -710,6 +747,33 @@ class SessionPolicy(PolicyBase):
         del self._group_of[block]
         self._owner.pop(block, None)
         return block
+
+    def evict_many(self, k: int) -> list[int]:
+        """``k`` successive ``evict()`` calls (one allocation's burst: the pool checks them once)."""
+        if k > len(self._group_of):
+            raise IndexError(f"evict_many({k}) with {len(self._group_of)} evictable blocks")
+        out: list[int] = []
+        group_of, owners = self._group_of, self._owner
+        while len(out) < k:
+            group = self._choice or self._choose()
+            if group.queue:         # a chat class queue: its head is rescored after each eviction
+                out.append(self.evict())
+                continue
+            # a run keeps the choice until it is empty: take what the burst needs from its front
+            blocks = group.blocks
+            need = k - len(out)
+            if need >= len(blocks):
+                taken = list(blocks)
+                blocks.clear()
+                self._drop_if_empty(group)
+            else:
+                popitem = blocks.popitem
+                taken = [popitem(last=False)[0] for _ in range(need)]
+            for block in taken:
+                del group_of[block]
+            list(map(owners.pop, taken, repeat(None)))
+            out += taken
+        return out
 
     def clear(self) -> None:
         # Forecasts and learned gaps describe sessions, not blocks: they survive a reset.

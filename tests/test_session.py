@@ -341,3 +341,49 @@ def test_the_chat_fallback_learns_reuse_tables_and_beats_lru():
     mgr_policy = SessionPolicy()
     check = replay(trace, mgr_policy, capacity)
     assert check.block_hit_rate == session.block_hit_rate          # deterministic
+
+
+class _OneByOneSession(SessionPolicy):
+    """The session policy with its batch events hidden: the pool calls evict / on_hit /
+    on_released per block (a subclass that defines the single events only)."""
+
+    def evict(self) -> int:
+        return super().evict()
+
+    def on_hit(self, block: int, was_evictable: bool) -> None:
+        super().on_hit(block, was_evictable)
+
+    def on_released(self, block: int) -> None:
+        super().on_released(block)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_session_batches_evict_hit_and_release_as_one_by_one(seed):
+    """evict_many, on_hit_batch and on_released_batch (the pool's fast paths, with victims it
+    does not re-check: valid_victims) end in the same pool and policy state as the single events,
+    with end reasons, chat hints without one, shared prefixes and unhinted frees."""
+    import random
+
+    rng = random.Random(seed)
+    managers = [KVCacheManager(48, 4, policy=policy, hash_seed=0)
+                for policy in (SessionPolicy(), _OneByOneSession())]
+    prefix = [rng.randrange(50) for _ in range(8)]
+    contexts: dict[int, list[int]] = {}
+    now = 0.0
+    for step in range(150):
+        session = rng.randrange(6)
+        grown = contexts.get(session, prefix if rng.random() < 0.5 else []) + \
+            [rng.randrange(50) for _ in range(rng.randrange(1, 20))]
+        contexts[session] = grown if len(grown) < 120 else prefix[:]
+        now += rng.expovariate(0.5)
+        end = rng.choice(["tool_use", "end_turn", None, "unhinted"])
+        hint = None if end == "unhinted" else SessionHint(session, end=end, time=now, turn=step)
+        for mgr in managers:
+            mgr.admit(step, mgr.prompt(contexts[session]), compute_last_token=False)
+            mgr.free(step, hint=hint)
+        batched, single = managers
+        assert batched.pool.snapshot()[:-2] == single.pool.snapshot()[:-2]
+        assert batched.pool.policy.eviction_order() == single.pool.policy.eviction_order()
+    batched.check_invariants()
+    assert batched.pool.policy.snapshot() == single.pool.policy.snapshot()
+    assert batched.pool.evictions == single.pool.evictions > 0
