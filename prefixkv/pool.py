@@ -24,7 +24,7 @@ evicted while a duplicate is active, the duplicate becomes the primary.
 from __future__ import annotations
 
 from itertools import compress
-from typing import Any, Hashable, Iterable
+from typing import Any, Hashable, Iterable, Sequence
 
 from .errors import InvariantViolation, OutOfBlocks, PolicyError
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
@@ -573,63 +573,17 @@ class BlockPool:
     def publish_run(self, blocks: list[int], hashes: list[Hashable], parent_hash: Hashable | None,
                     depth: int) -> None:
         """``publish(blocks[i], hashes[i], hashes[i - 1] (parent_hash for i = 0), depth + i)`` for
-        each ``i`` in order, without verify mode or events (the caller checks both are off).
-        Same results and the same policy events, in one pass: the hash map is updated by C
-        (``setdefault`` tells the hashes already cached, which become duplicates)."""
-        if not blocks:
-            return
-        on_cached = self._on_cached
-        if on_cached is not None and self._cached_batch is None:
-            # a per-block on_cached may look at the hash map: it must see it block by block
-            parent = parent_hash
-            for block, h in zip(blocks, hashes):
-                self.publish(block, h, parent, depth)
-                parent = h
-                depth += 1
-            return
-        cached = self._cached
-        got = list(map(cached.setdefault, hashes, blocks))
-        block_hash, parents, depths = self.block_hash, self.parent_hash, self.depth
-        if got == blocks and not self.keep_chain:
-            for block, h in zip(blocks, hashes):
-                block_hash[block] = h
-            if on_cached is not None:
-                self._cached_batch(blocks)
-            return
-        if got == blocks:     # nothing was cached yet: every block is a new primary
-            parent = parent_hash
-            for block, h in zip(blocks, hashes):
-                block_hash[block] = h
-                parents[block] = parent
-                depths[block] = depth
-                parent = h
-                depth += 1
-            if on_cached is not None:
-                self._cached_batch(blocks)
-            return
-        parent = parent_hash
-        primaries = []
-        keep_chain = self._keep_chain
-        for block, h, primary in zip(blocks, hashes, got):
-            if primary != block:     # already cached: a duplicate of its primary
-                self._duplicate_hash[block] = h
-                self._duplicates.setdefault(h, []).append(block)
-            else:
-                block_hash[block] = h
-                if keep_chain:
-                    parents[block] = parent
-                    depths[block] = depth
-                primaries.append(block)
-            parent = h
-            depth += 1
-        if on_cached is not None and primaries:
-            self._cached_batch(primaries)
+        each ``i`` in order: a chain's run of blocks, through ``publish_many``."""
+        if blocks:
+            self.publish_many(blocks, hashes, [parent_hash, *hashes[:len(blocks) - 1]],
+                              range(depth, depth + len(blocks)))
 
-    def publish_many(self, blocks: list[int], hashes: list[Hashable], parents: list[Hashable | None],
-                     depths: list[int]) -> None:
-        """``publish(blocks[i], hashes[i], parents[i], depths[i])`` for each ``i`` in order (blocks
-        that need not chain: demotions to a tier). Same results and policy events; the hash map is
-        updated by C when there are no events to report and nothing to verify."""
+    def publish_many(self, blocks: list[int], hashes: list[Hashable], parents: Sequence[Hashable | None],
+                     depths: Sequence[int]) -> None:
+        """``publish(blocks[i], hashes[i], parents[i], depths[i])`` for each ``i`` in order. Same
+        results and policy events in one pass: the hash map is updated by C (``setdefault`` tells
+        the hashes already cached, which become duplicates) when there are no events to report,
+        nothing to verify and no per-block ``on_cached`` (which may look at the hash map)."""
         on_cached = self._on_cached
         if self.verify or self.events is not None or (on_cached is not None and self._cached_batch is None):
             publish = self.publish
