@@ -38,7 +38,9 @@ pool hands the hint over in two ways, both free for policies that ignore it:
   release, *before* that release's ``on_released`` events;
 * ``pool.hint`` is that hint while the release's ``on_released`` calls run,
   and ``None`` at every other moment (unhinted frees, preemption, copy on
-  write, swaps), so a policy can read it per block as it reads ``priority``.
+  write, swaps), so a policy can read it per block as it reads ``priority``;
+  during a hinted release ``pool.release_size`` is the number of blocks handed to
+  it (the freed request's whole block table: its length in blocks).
 
 A hint describes the moment of ``free()`` and the past, never the future: a
 trace replayer builds it from the request's own stop reason and time only.

@@ -40,7 +40,7 @@ releases are ranked by learned *reuse tables* instead. Each block is put in a cl
 (``_chat_class``): the release's tail (a partly filled block in chat traces, almost
 never reused), a block shared by sessions, or a private block by how often its hash
 was accessed (1..4+), the time since its session's previous request and the
-request's length in tokens (from the tail's ``pool.depth``). Every such block opens
+request's length in tokens (``pool.release_size`` blocks). Every such block opens
 a reuse *experiment* on its hash: an access (hit, or the hash cached again) closes it
 as a reuse at its age. A release's private blocks come back together or not at all (their
 session returns or not: 94% of conversation's releases are all-or-nothing), so they count as
@@ -191,6 +191,7 @@ class _Group:
 
 class SessionPolicy(PolicyBase):
     name = "session"
+    reads_chain = False     # the request's length comes from pool.release_size (policies/base.py)
     valid_victims = True    # evict_many returns distinct evictable blocks (tests/test_session.py checks it)
 
     def __init__(self, rate: float = 0.05, timeout: float = 8.0, kappa: float = 1.0,
@@ -234,7 +235,7 @@ class SessionPolicy(PolicyBase):
         self._active = False                  # ... ranked by the tables (enough evidence)
         self._leaf = False                    # the next chat block is the release's tail
         self._gap = -1.0                      # seconds since the session's previous request (-1: none)
-        self._tokens = 0                      # the release's length in tokens (from its tail's depth)
+        self._tokens = 0                      # the release's length in tokens (pool.release_size blocks)
         self._weight = 1.0                    # a private block's experiment weight: 1 / the release's blocks
         self._open: dict = {}                 # hash -> its open experiment [queue, time, bucket, open, hash]
         self._ages = [deque() for _ in range(_B)]  # open experiments by age bucket, release order
@@ -470,8 +471,9 @@ class SessionPolicy(PolicyBase):
             leaf = self._leaf
             if leaf:
                 self._leaf = False
-                self._tokens = (pool.depth[block] + 1) * pool.block_size
-                self._weight = 1.0 / (pool.depth[block] + 1)
+                size = max(pool.release_size, 1)     # the request's blocks: its table, freed whole
+                self._tokens = size * pool.block_size
+                self._weight = 1.0 / size
             h = hashes[block]
             count = counts.get(h) or old.get(h) or 1
             klass = _chat_class(leaf, shared, count, self._gap, self._tokens)

@@ -84,6 +84,9 @@ class BlockPool:
         # The SessionHint of the release in progress (None outside a hinted release): policies read it
         # in on_released, as they read ``priority`` (see policies/base.py).
         self.hint = None
+        # The number of blocks handed to the hinted release in progress (the whole block table of the
+        # request being freed): what a policy reading the hint can take as the request's length.
+        self.release_size = 0
         self.medium = medium            # in this pool's KV events (None: the device pool)
         # Called as on_evict(block, hash) when a cached block is evicted, before the block is
         # reused: the manager demotes it to the host tier there (None: it is simply gone).
@@ -637,6 +640,8 @@ class BlockPool:
                     raise PolicyError(f"eviction policy {getattr(self.policy, 'name', type(self.policy).__name__)!r} "
                                       f"raised in on_hint(): {type(exc).__name__}: {exc}") from exc
             self.hint = hint
+            blocks_in_order = list(blocks_in_order)
+            self.release_size = len(blocks_in_order)
             try:
                 self._release(blocks_in_order, priority, all_cached)
             finally:

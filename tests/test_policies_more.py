@@ -58,6 +58,7 @@ class FakePool:
         self._cached: dict = {}
         self.lookup = self._cached.get
         self.hint = None   # the SessionHint of the release in progress (set by the driver)
+        self.release_size = 0   # blocks handed to that release (set by the driver)
 
     def cache(self, block, h, parent=None, depth=None):
         self.block_hash[block] = h
@@ -807,6 +808,7 @@ def drive(policy, script, ref=None, pool=None, pick=False):
             # until "unhint" belong to it, as the pool's release() does with pool.hint.
             clock += n
             pool.hint = SessionHint(h % 3, end=ENDS[(h + n) % 4], time=clock, turn=n)
+            pool.release_size = n + 1
             on_hint = getattr(policy, "on_hint", None)
             if on_hint is not None:
                 on_hint(pool.hint)

@@ -280,6 +280,7 @@ def test_the_batched_release_is_the_same_events_as_one_by_one():
 
     class OneByOne(SessionPolicy):
         on_released_batch = None     # the pool then calls on_released per block
+        reads_chain = False          # as SessionPolicy declares (a class attribute is not inherited)
 
     import random
 
@@ -346,6 +347,8 @@ def test_the_chat_fallback_learns_reuse_tables_and_beats_lru():
 class _OneByOneSession(SessionPolicy):
     """The session policy with its batch events hidden: the pool calls evict / on_hit /
     on_released per block (a subclass that defines the single events only)."""
+
+    reads_chain = False              # as SessionPolicy declares (a class attribute is not inherited)
 
     def evict(self) -> int:
         return super().evict()
