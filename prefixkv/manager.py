@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
-from itertools import chain, compress
+from itertools import compress
 from operator import itemgetter
 from types import MappingProxyType
 from typing import Hashable, Iterable, Sequence
@@ -36,7 +36,7 @@ from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidArgument
 from .events import KVEvent
 from .hashing import NO_EXTRA_KEYS, TOKEN_TYPECODE, BlockHasher, ExtraKeys, as_hash_list, encode_tokens
 from .policies import SessionHint, make_policy
-from .pool import BlockPool
+from .pool import BlockPool, leading
 from .prompt import Prompt
 from .stats import CacheStats
 
@@ -158,7 +158,9 @@ class KVCacheManager:
         self._loads: list[tuple[int, int]] = []       # (host block, device block), after demotions
         self._load_pins: list[int] = []               # host blocks the pending loads read
         self._host_release: list[int] = []            # swap-in sources, released once copied
-        self._evicted: list[tuple] = []    # batches of evicted device blocks not yet demoted (columns)
+        # Evicted device blocks not yet demoted: blocks, hashes, and parents / depths (only when the
+        # host tier keeps the chain), as columns.
+        self._evicted: tuple[list, list, list, list] = ([], [], [], [])
         # Device blocks whose KV may not be fully written (a caller whose forward can fail midway
         # tracks them, as the HF cache does): never demoted, so no tier below keeps their bytes.
         self.unwritten: set[int] | frozenset = frozenset()
@@ -246,7 +248,7 @@ class KVCacheManager:
                 return list(itemgetter(*hashes[:limit])(self.pool.cached_map))
             except KeyError:
                 pass
-        return _leading(get, hashes, 0, limit)
+        return leading(get, hashes, 0, limit)
 
     def _lower_hits(self, prompt: Prompt, compute_last_token: bool, hits: list[int]) -> tuple[Sequence[int], list[int]]:
         """Past the device's leading ``hits``: the chain continued through the device and the host
@@ -265,7 +267,7 @@ class KVCacheManager:
         # The common shape, told in C: one run on the host right after the device hits, with no
         # device block inside it or right after it.
         in_device = self.pool.lookup
-        run = _leading(host.pool.lookup, hashes, start, limit)
+        run = leading(host.pool.lookup, hashes, start, limit)
         if not run:
             return _NO_LOWER
         end = start + len(run)
@@ -408,7 +410,7 @@ class KVCacheManager:
         num_loads = len(sources)
         size = self.block_size
         fresh = pool.allocate(total - num_hits + num_loads, size)
-        if self._evicted:
+        if self._evicted[0]:
             self._store_evicted()
         n = prompt.num_tokens
         if n % size:
@@ -577,7 +579,7 @@ class KVCacheManager:
                 raise OutOfBlocks(needed, pool.num_free, f"append of {k} token(s)")
         table = seq.table
         blocks = pool.allocate(needed) if needed else []
-        if self._evicted:
+        if self._evicted[0]:
             self._store_evicted()
         size = self.block_size
         n = seq.num_tokens
@@ -848,25 +850,19 @@ class KVCacheManager:
         if self.unwritten:
             written = [block not in self.unwritten for block in blocks]
             blocks, hashes = list(compress(blocks, written)), list(compress(hashes, written))
-        if not blocks:
-            return
+        evicted_blocks, evicted_hashes, parents, depths = self._evicted
+        evicted_blocks += blocks
+        evicted_hashes += hashes
         if self.host.keeps_chain:
             pool = self.pool
-            self._evicted.append((blocks, hashes, list(map(pool.parent_hash.__getitem__, blocks)),
-                                  list(map(pool.depth.__getitem__, blocks))))
-        else:
-            self._evicted.append((blocks, hashes, None, None))
+            parents += map(pool.parent_hash.__getitem__, blocks)
+            depths += map(pool.depth.__getitem__, blocks)
 
     def _store_evicted(self) -> None:
         """Demote the blocks the last allocation evicted, as one batch."""
-        evicted, self._evicted = self._evicted, []
-        if len(evicted) == 1:
-            columns = evicted[0]
-        else:
-            columns = [list(chain.from_iterable(batch[k] for batch in evicted)) for k in range(2)]
-            if self.host.keeps_chain:
-                columns += [list(chain.from_iterable(batch[k] for batch in evicted)) for k in (2, 3)]
-        demotions = self.host.store_many(*columns)
+        blocks, hashes, parents, depths = self._evicted
+        self._evicted = ([], [], [], [])
+        demotions = self.host.store_many(blocks, hashes, parents or None, depths or None)
         self._demotions.extend(demotions)
         self._counters["demotions"] += len(demotions)
 
@@ -1011,23 +1007,6 @@ class KVCacheManager:
         if seq.preempted:
             raise SequencePreempted(seq_id)
         return seq
-
-
-def _leading(get, hashes: Sequence[Hashable], start: int, limit: int) -> list:
-    """``get(h)`` for ``hashes[start:limit]`` up to the first None. Looking up in C (map) beats a
-    Python loop that stops at the first miss; in doubling chunks, so a miss early in a long
-    prompt does not look up all the rest."""
-    found: list = []
-    step = 32
-    while start < limit:
-        part = list(map(get, hashes[start:min(start + step, limit)]))
-        if None in part:
-            found += part[:part.index(None)]
-            return found
-        found += part
-        start += step
-        step *= 2
-    return found
 
 
 def _device_hits(hits: list[int], loaded: Sequence[int]) -> list[int]:

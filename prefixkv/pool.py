@@ -40,6 +40,23 @@ def _batch_method(policy, single: str, batch: str):
     return getattr(policy, batch, None)
 
 
+def leading(get, hashes: Sequence[Hashable], start: int, limit: int) -> list:
+    """``get(h)`` for ``hashes[start:limit]`` up to the first None (a prefix's run of hits in a
+    pool's ``lookup``). Looking up in C (map) beats a Python loop that stops at the first miss;
+    in doubling chunks, so a miss early in a long prompt does not look up all the rest."""
+    found: list = []
+    step = 32
+    while start < limit:
+        part = list(map(get, hashes[start:min(start + step, limit)]))
+        if None in part:
+            found += part[:part.index(None)]
+            return found
+        found += part
+        start += step
+        step *= 2
+    return found
+
+
 class BlockPool:
     def __init__(self, num_blocks: int, block_size: int, policy, *, verify: bool = False,
                  record_events: bool = False, track_reuse: bool = False, medium: str | None = None) -> None:
@@ -88,11 +105,8 @@ class BlockPool:
         # request being freed): what a policy reading the hint can take as the request's length.
         self.release_size = 0
         self.medium = medium            # in this pool's KV events (None: the device pool)
-        # Called as on_evict(block, hash) when a cached block is evicted, before the block is
-        # reused: the manager demotes it to the host tier there (None: it is simply gone).
-        self.on_evict = None
-        # Optional batch form, on_evict_many(blocks, hashes): called once per eviction burst
-        # instead of on_evict per victim (same moment: before any victim is reused).
+        # Called as on_evict_many(blocks, hashes) once per eviction burst, before any of those blocks
+        # is reused: the manager demotes them to the host tier there (None: they are simply gone).
         self.on_evict_many = None
         if getattr(policy, "pool", None) is not None:
             raise ValueError(f"this {type(policy).__name__} object already serves another pool; a policy "
@@ -386,8 +400,6 @@ class BlockPool:
                               f"returned {block!r} from evict(), which is not an evictable cached block")
         if self.on_evict_many is not None:
             self.on_evict_many((block,), (block_hash,))
-        elif self.on_evict is not None:
-            self.on_evict(block, block_hash)
         self.block_hash[block] = None
         self.evictions += 1
         reused = self._reused
@@ -423,16 +435,14 @@ class BlockPool:
         self.evictions += len(victims)
         if self.on_evict_many is not None:
             self.on_evict_many(victims, hashes)
-        elif self.on_evict is not None:
-            for block, h in zip(victims, hashes):
-                self.on_evict(block, h)
         out += victims
 
     def _evict_batch(self, k: int, out: list[int]) -> None:
         """``k`` victims from the policy's ``evict_many``, uncached and appended to ``out``: the
-        work of ``k`` ``_evict_one`` calls (no events, no duplicates) in one loop; the demotion
-        hook sees every victim before its hash is dropped. A victim that is not an evictable cached block raises PolicyError; the victims
-        before it are in ``out`` (uncached), the ones after it go back to the policy."""
+        work of ``k`` ``_evict_one`` calls (no events, no duplicates) in one loop; ``on_evict_many``
+        sees the burst before any victim is reused. A victim that is not an evictable cached block
+        raises PolicyError; the victims before it are in ``out`` (uncached), the ones after it go
+        back to the policy."""
         name = getattr(self.policy, "name", type(self.policy).__name__)
         try:
             victims = self._evict_many(k)
@@ -462,10 +472,6 @@ class BlockPool:
             done = k
             if self.on_evict_many is not None:
                 self.on_evict_many(victims, hashes)
-            elif self.on_evict is not None:
-                on_evict = self.on_evict
-                for block, h in zip(victims, hashes):
-                    on_evict(block, h)
         except (IndexError, TypeError, KeyError):
             if not done:
                 done = size - len(cached)     # deleted before the failing one
@@ -513,25 +519,6 @@ class BlockPool:
         if self._reused is not None:
             self._reused[block] = False
         self._drop_hash(block, block_hash)
-
-    def forget_many(self, blocks: list[int]) -> None:
-        """``forget`` each block, in order: one pass when no block has an active duplicate."""
-        block_hash = self.block_hash
-        hashes = list(map(block_hash.__getitem__, blocks))
-        if self._duplicates or self.events is not None or None in hashes or \
-                0 in map(self.ref_count.__getitem__, blocks) or len(set(blocks)) != len(blocks):
-            for block in blocks:
-                self.forget(block)
-            return
-        cached = self._cached
-        for block, h in zip(blocks, hashes):
-            del cached[h]
-            block_hash[block] = None
-        self.forgotten += len(blocks)
-        if self._reused is not None:
-            reused = self._reused
-            for block in blocks:
-                reused[block] = False
 
     def _promote(self, duplicate: int, block_hash: Hashable, evicted: int) -> None:
         del self._duplicate_hash[duplicate]

@@ -22,9 +22,8 @@ from __future__ import annotations
 from itertools import compress
 from typing import Hashable, Sequence
 
-from ..hashing import ExtraKeys
 from ..policies import make_policy
-from ..pool import BlockPool
+from ..pool import BlockPool, leading
 
 MEDIUM = "CPU"
 
@@ -59,13 +58,7 @@ class HostTier:
     def count_leading(self, hashes: Sequence[Hashable], start: int = 0) -> int:
         if not self.cache:
             return 0
-        get = self.pool.lookup
-        n = 0
-        for h in hashes[start:]:
-            if get(h) is None:
-                break
-            n += 1
-        return n
+        return len(leading(self.pool.lookup, hashes, start, len(hashes)))
 
     def stats(self) -> dict:
         pool = self.pool
