@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from hf_generate import generate_plain, generate_through  # noqa: E402
 from prefixkv.engine import Engine, SchedulerConfig, TinyLlama, TinyLlamaConfig  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -59,16 +60,9 @@ def test_hf_generate_with_the_host_tier(tiny_hf_models, mode):
     def run(host):
         store = PrefixKVStore(model, num_blocks=16, block_size=8, hash_seed=0, num_host_blocks=host,
                               host_cache=bool(host))
-        outs = []
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            with store.cache(model, mode=mode) as cache:
-                cache.prepare(ids)
-                outs.append(model.generate(ids, cache=cache, max_new_tokens=4, do_sample=False)[0].tolist())
-            store.check_invariants()
-        return outs, store.manager.stats()
+        return generate_through(store, model, prompts, mode), store.manager.stats()
 
-    reference = [model.generate(torch.tensor([p]), max_new_tokens=4, do_sample=False)[0].tolist() for p in prompts]
+    reference = generate_plain(model, prompts)
     no_tier, device_only = run(0)
     tiered, with_host = run(64)
     assert tiered == no_tier == reference

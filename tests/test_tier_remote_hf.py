@@ -13,6 +13,7 @@ from redis_fixtures import needs_redis, redis_server  # noqa: F401 (fixture)
 torch = pytest.importorskip("torch")
 pytest.importorskip("redis")
 pytest.importorskip("transformers")
+from hf_generate import generate_plain, generate_through  # noqa: E402
 try:
     from prefixkv.integrations.hf import PrefixKVStore  # noqa: E402
 except ImportError as exc:  # an unsupported transformers version
@@ -28,17 +29,11 @@ def test_hf_generate_loads_another_stores_prefix(redis_server, tiny_hf_models, m
     rng = random.Random(2)
     shared = [rng.randrange(3, 256) for _ in range(96)]
     prompts = [shared + [rng.randrange(3, 256) for _ in range(5)] for _ in range(3)]
-    reference = [model.generate(torch.tensor([p]), max_new_tokens=4, do_sample=False)[0].tolist() for p in prompts]
+    reference = generate_plain(model, prompts)
 
     def run():
         store = PrefixKVStore(model, num_blocks=16, block_size=8, remote=redis_server.url)
-        outs = []
-        for prompt in prompts:
-            ids = torch.tensor([prompt])
-            with store.cache(model, mode=mode) as cache:
-                cache.prepare(ids)
-                outs.append(model.generate(ids, cache=cache, max_new_tokens=4, do_sample=False)[0].tolist())
-            store.check_invariants()
+        outs = generate_through(store, model, prompts, mode)
         stats = store.remote.stats()
         assert store.remote.flush()
         store.close()
