@@ -8,6 +8,7 @@ is missing, tests marked with ``needs_redis`` are skipped with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -143,13 +144,13 @@ def own_redis_server(tmp_path):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory):
-    """Three masters, no replicas, ``cluster-require-full-coverage no`` and a 1 s node timeout:
-    when one node dies, the others keep serving their slots past the timeout."""
+@contextlib.contextmanager
+def running_cluster(base):
+    """Three masters under ``base``, no replicas, ``cluster-require-full-coverage no`` and a 1 s node
+    timeout (when one node dies, the others keep serving their slots past the timeout); stopped on
+    exit. Skips without redis-cli."""
     if REDIS_CLI is None:
         pytest.skip("redis-cli is not installed (it comes with redis-server on Debian)")
-    base = tmp_path_factory.mktemp("cluster")
     nodes = []
     try:
         for i in range(3):
@@ -170,6 +171,13 @@ def redis_cluster(tmp_path_factory):
     finally:
         for node in nodes:
             node.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory):
+    """A ``running_cluster`` for a module."""
+    with running_cluster(tmp_path_factory.mktemp("cluster")) as nodes:
+        yield nodes
 
 
 def cluster_url(nodes) -> str:

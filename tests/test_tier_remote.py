@@ -212,7 +212,7 @@ def test_hung_and_killed_server_tier_calls_stay_bounded(own_redis_server):  # no
 @with_redis
 def test_unix_socket_and_cluster_urls(tmp_path):
     """The same write-back / prefetch round through ``unix://`` and ``redis+cluster://`` URLs."""
-    from redis_fixtures import REDIS_CLI, RedisServer, cluster_url, free_cluster_port
+    from redis_fixtures import RedisServer, cluster_url, running_cluster
 
     sock = tmp_path / "redis.sock"
     server = RedisServer(tmp_path / "unix", extra=("--unixsocket", str(sock), "--unixsocketperm", "700")).start()
@@ -220,27 +220,8 @@ def test_unix_socket_and_cluster_urls(tmp_path):
         round_trip(f"unix://{sock}")
     finally:
         server.stop()
-    if REDIS_CLI is None:
-        pytest.skip("redis-cli is not installed (it comes with redis-server on Debian)")
-    import subprocess
-
-    nodes = []
-    try:
-        for i in range(3):
-            port = free_cluster_port()
-            nodes.append(RedisServer(tmp_path / f"n{i}", port, extra=(
-                "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
-                "--cluster-node-timeout", "1000", "--cluster-require-full-coverage", "no")).start())
-        subprocess.run([REDIS_CLI, "--cluster", "create", *[f"127.0.0.1:{n.port}" for n in nodes],
-                        "--cluster-replicas", "0", "--cluster-yes"], check=True, capture_output=True, timeout=60)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not all(
-                b"cluster_state:ok" in n.command("CLUSTER", "INFO") for n in nodes):
-            time.sleep(0.1)
+    with running_cluster(tmp_path) as nodes:
         round_trip(cluster_url(nodes), tokens=list(range(2000, 2000 + 40 * B + 1)), blocks=48, host=48)
-    finally:
-        for node in nodes:
-            node.stop()
 
 
 def round_trip(url, tokens=TOKENS, blocks=16, host=16):
