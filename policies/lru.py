@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import compress, repeat
-from operator import eq
+from operator import eq, itemgetter
 
 from .base import PolicyBase
 
@@ -48,11 +48,13 @@ class LRUPolicy(PolicyBase):
         self.on_released_batch((block,))
 
     def on_released_batch(self, blocks) -> None:
+        blocks = list(blocks)
+        if not blocks:      # no run: evict_many never meets an empty one
+            return
         self._serial = serial = self._serial + 1
         stamp = self._stamp
         for block in blocks:
             stamp[block] = serial
-        blocks = list(blocks)
         self._runs.append([serial, blocks, 0])
         self._len += len(blocks)
         self._entries += len(blocks)
@@ -79,20 +81,20 @@ class LRUPolicy(PolicyBase):
         out: list[int] = []
         runs = self._runs
         stamp = self._stamp
-        get = stamp.__getitem__
         while k:
             run = runs[0]
             serial, blocks, pos = run
-            chunk = blocks[pos:pos + k]      # at most k live entries: never takes too many
-            stamps = list(map(get, chunk))
-            if stamps.count(serial) == len(chunk):   # no stale entry: take it whole
+            # at most k live entries: never takes too many (a run taken whole is not copied)
+            chunk = blocks[pos:pos + k] if pos or len(blocks) > k else blocks
+            stamps = itemgetter(*chunk)(stamp) if len(chunk) > 1 else (stamp[chunk[0]],)
+            if stamps.count(serial) != len(chunk):      # stale entries: skip them
+                chunk = list(compress(chunk, map(eq, stamps, repeat(serial))))
+            if out:
                 out += chunk
-                k -= len(chunk)
             else:
-                taken = list(compress(chunk, map(eq, stamps, repeat(serial))))
-                out += taken
-                k -= len(taken)
-            pos += len(chunk)
+                out = chunk
+            k -= len(chunk)
+            pos += len(stamps)
             self._entries -= pos - run[2]
             if pos == len(blocks):
                 runs.popleft()

@@ -26,11 +26,10 @@ def test_batches_match_an_ordereddict_lru(script):
     for kind, blocks in script:
         if kind == "release":
             todo = [b for b in blocks if b in active]
-            if todo:
-                policy.on_released_batch(todo)
-                for b in todo:
-                    active.discard(b)
-                    ref[b] = None
+            policy.on_released_batch(todo)     # empty too: a release of only uncached blocks
+            for b in todo:
+                active.discard(b)
+                ref[b] = None
         elif kind == "hit":
             todo = [b for b in blocks if b in ref]
             if len(todo) > 1:
