@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from prefixkv.events import BlockRemoved
 from prefixkv.fleet.index import KVIndex, UnknownWorker
 from prefixkv.fleet.router import NoWorkerAvailable, RouterConfig, WorkerLoad, make_router
 
@@ -89,3 +90,23 @@ def test_round_robin_turns_and_other_fingerprints_are_refused():
         rr.pick([], [WorkerLoad("x", fingerprint="m2")])
     with pytest.raises(ValueError, match="unknown router"):
         make_router("nearest", index, RouterConfig(block_size=16))
+
+
+def test_apply_keeps_each_core_events_tier():
+    """Host-tier events (medium "CPU") go to the lower tier, not the device, as on the wire."""
+    from prefixkv import KVCacheManager
+
+    mgr = KVCacheManager(4, 4, hash_seed=0, num_host_blocks=8, host_cache=True, record_events=True)
+    a, b = mgr.prompt(list(range(16))), mgr.prompt(list(range(100, 116)))
+    for seq, prompt in (("a", a), ("b", b)):
+        mgr.admit(seq, prompt, compute_last_token=False)
+        mgr.free(seq)                          # b evicts a's blocks from the device to the host
+    index = _index("w")
+    index.apply("w", mgr.drain_events())
+    assert index.overlaps(a.block_hashes(), ["w"]) == [(0, 4)]     # on the host only
+    assert index.overlaps(b.block_hashes(), ["w"]) == [(4, 4)]
+    assert index.blocks_of("w", "CPU") == set(a.block_hashes())
+    assert index.blocks_of("w") == set(b.block_hashes())
+    index.apply("w", [BlockRemoved(h, 0, "CPU") for h in a.block_hashes()])
+    assert index.overlaps(a.block_hashes(), ["w"]) == [(0, 0)]
+    assert index.overlaps(b.block_hashes(), ["w"]) == [(4, 4)]

@@ -122,23 +122,34 @@ class KVIndex:
             self._clear_bit(self._predicted, h, bit)
 
     def apply(self, worker_id: Hashable, events: Iterable, medium: str | None = None) -> None:
-        """Apply prefixkv's core events (``prefixkv.events``) in order."""
+        """Apply prefixkv's core events (``prefixkv.events``) in order.
+
+        Each event keeps its tier: a core event's own ``medium`` (``"CPU"`` for the host tier)
+        wins, and the device pool's (``None``) becomes ``medium``, as on the wire (``to_wire``).
+        """
         stored: list = []
+        stored_medium = medium
         for event in events:
-            if type(event) is BlockStored:
+            kind = type(event)
+            if kind is BlockStored:
+                event_medium = event.medium or medium
+                if stored and event_medium != stored_medium:
+                    self.stored(worker_id, stored, stored_medium)
+                    stored = []
+                stored_medium = event_medium
                 stored.append(event.block_hash)
                 continue
             if stored:
-                self.stored(worker_id, stored, medium)
+                self.stored(worker_id, stored, stored_medium)
                 stored = []
-            if type(event) is BlockRemoved:
-                self.removed(worker_id, (event.block_hash,), medium)
-            elif type(event) is AllBlocksCleared:
+            if kind is BlockRemoved:
+                self.removed(worker_id, (event.block_hash,), event.medium or medium)
+            elif kind is AllBlocksCleared:
                 self.cleared(worker_id)
             else:
-                raise TypeError(f"not a prefixkv KV event: {type(event).__name__}")
+                raise TypeError(f"not a prefixkv KV event: {kind.__name__}")
         if stored:
-            self.stored(worker_id, stored, medium)
+            self.stored(worker_id, stored, stored_medium)
 
     # -- predicted inserts ---------------------------------------------------
     def predict(self, worker_id: Hashable, hashes: Sequence[Hashable], now: float) -> None:
