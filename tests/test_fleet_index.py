@@ -110,3 +110,13 @@ def test_apply_keeps_each_core_events_tier():
     index.apply("w", [BlockRemoved(h, 0, "CPU") for h in a.block_hashes()])
     assert index.overlaps(a.block_hashes(), ["w"]) == [(0, 0)]
     assert index.overlaps(b.block_hashes(), ["w"]) == [(4, 4)]
+
+
+def test_apply_refusing_a_non_event_changes_nothing():
+    from prefixkv.events import BlockStored
+
+    index = _index("w")
+    index.stored("w", [1])
+    with pytest.raises(TypeError, match="not a prefixkv KV event: str"):
+        index.apply("w", [BlockStored(2, 1, 4, None, 0), BlockRemoved(1, 0), "junk"])
+    assert index.blocks_of("w") == {1} and index.overlaps([1, 2], ["w"]) == [(1, 1)]

@@ -126,7 +126,13 @@ class KVIndex:
 
         Each event keeps its tier: a core event's own ``medium`` (``"CPU"`` for the host tier)
         wins, and the device pool's (``None``) becomes ``medium``, as on the wire (``to_wire``).
+        Anything else in ``events`` is refused before any event is applied.
         """
+        events = list(events)
+        self.slot(worker_id)
+        for event in events:
+            if type(event) not in (BlockStored, BlockRemoved, AllBlocksCleared):
+                raise TypeError(f"not a prefixkv KV event: {type(event).__name__}")
         stored: list = []
         stored_medium = medium
         for event in events:
@@ -144,10 +150,8 @@ class KVIndex:
                 stored = []
             if kind is BlockRemoved:
                 self.removed(worker_id, (event.block_hash,), event.medium or medium)
-            elif kind is AllBlocksCleared:
-                self.cleared(worker_id)
             else:
-                raise TypeError(f"not a prefixkv KV event: {kind.__name__}")
+                self.cleared(worker_id)
         if stored:
             self.stored(worker_id, stored, stored_medium)
 
