@@ -259,10 +259,13 @@ class Engine:
         """Step until every request is done (or ``max_steps``); returns the steps taken."""
         steps = 0
         while self.has_unfinished and (max_steps is None or steps < max_steps):
+            start = self.clock.now()
             result = self.step()
             steps += 1
             if result.plan.is_empty:
-                upcoming = self.scheduler.next_arrival(self.clock.now())
+                # Arrivals after the step's start: an empty step may already have moved a
+                # simulated clock to the next one, which then runs in the next step.
+                upcoming = self.scheduler.next_arrival(start)
                 if upcoming is None:
                     raise RuntimeError(f"no request can be scheduled: {list(self.scheduler.requests.values())}")
                 if not hasattr(self.clock, "advance_to"):
