@@ -61,6 +61,8 @@ class KVEventPublisher:
         self._thread.start()
         self._ready.wait(30)
         if self._error is not None:
+            self._thread.join(10)
+            self._ctx.term()       # the thread closed every socket it made: no port stays bound
             raise self._error
         self._push = self._ctx.socket(zmq.PUSH)
         self._push.connect(self._inbox)
@@ -105,15 +107,24 @@ class KVEventPublisher:
 
     # -- the socket thread ------------------------------------------------------
     def _run(self, endpoint: str, replay_endpoint: str, heartbeat_endpoint: str) -> None:
+        made: list = []
         try:
-            pub, replay, beat, inbox = (self._ctx.socket(kind) for kind in (zmq.PUB, zmq.ROUTER, zmq.PUB, zmq.PULL))
+            for kind in (zmq.PUB, zmq.ROUTER, zmq.PUB, zmq.PULL):
+                made.append(self._ctx.socket(kind))
+            pub, replay, beat, inbox = made
             replay.setsockopt(zmq.SNDHWM, 2 * (self._buffer.maxlen + 1))   # a full replay plus its marker
             for name, sock, where in (("events", pub, endpoint), ("replay", replay, replay_endpoint),
                                       ("heartbeat", beat, heartbeat_endpoint)):
-                sock.bind(where)
+                try:
+                    sock.bind(where)
+                except zmq.ZMQError as exc:
+                    raise zmq.ZMQError(exc.errno, f"cannot bind the {name} socket to {where!r}: "
+                                                  f"{exc.strerror}") from None
                 self.endpoints[name] = sock.getsockopt_string(zmq.LAST_ENDPOINT)
             inbox.bind(self._inbox)
-        except BaseException as exc:   # reported to the constructor's caller
+        except BaseException as exc:   # reported to the constructor's caller, with every socket closed
+            for sock in made:
+                sock.close(0)
             self._error = exc
             self._ready.set()
             return
