@@ -36,26 +36,19 @@ latest waiting ``due`` and takes whichever is further away.
 
 Chat fallback (hints without an end reason, e.g. Mooncake chat). A point forecast
 of the gap ranks badly there (return AUC ~0.6, gaps spread over minutes), so such
-releases are ranked by learned *reuse tables* instead. Each block is put in a class
-(``_chat_class``): the release's tail (a partly filled block in chat traces, almost
-never reused), a block shared by sessions, or a private block by how often its hash
-was accessed (1..4+), the time since its session's previous request and the
-request's length in tokens (``pool.release_size`` blocks). Every such block opens
-a reuse *experiment* on its hash: an access (hit, or the hash cached again) closes it
-as a reuse at its age. A release's private blocks come back together or not at all (their
-session returns or not: 94% of conversation's releases are all-or-nothing), so they count as
-one experiment, each block weighing 1 / the release's blocks (the tail and shared blocks weigh
-1): one long returning session no longer swamps its class's table; its exposure per age bucket (0, 1, 2, 4 .. 4096 s) is counted
-as it ages, so open experiments are censored correctly (hazard = reuses / exposure,
-per bucket). A class's hazard is shrunk to its parent's (its key without the last
-field). From the hazard, each class gets an *index* per age bucket: the most reuses
-per block-second its block can still give if kept up to some later age (LHD-like).
-Blocks of a class wait in release order; an eviction takes the lowest index among
-the class heads (a sorted list, rescored when the clock moves), compared in the same
-unit with the aged group (1 / (``kappa`` x age)) and the waiting runs (1 / time to
-due). Only the past is used; the tables are recomputed every 256 chat releases and
-rank blocks once 64 experiments were opened (before that, chat releases wait as
-above, with ``p ** fallback_weight``).
+releases are ranked by *reuse tables* learned online (``policies/reuse_tables.py``):
+each block is put in a class (the release's tail, a block shared by sessions, or a
+private block by access count, time since its session's previous request and the
+request's length in tokens, ``pool.release_size`` blocks), opens a censoring-aware
+reuse experiment on its hash (a release's private blocks come back together or not at
+all: 94% of conversation's releases are all-or-nothing, so they weigh 1 / the release's
+blocks each), and its class's hazard by age becomes an LHD-like *index*: the most
+reuses per block-second the block can still give. Blocks of a class wait in release
+order; an eviction takes the lowest index among the class heads (a sorted list,
+rescored when the clock moves), compared in the same unit with the aged group
+(1 / (``kappa`` x age)) and the waiting runs (1 / time to due). The tables are
+recomputed every 256 chat releases and rank blocks once 64 experiments were opened
+(before that, chat releases wait as above, with ``p ** fallback_weight``).
 
 Clock: ``hint.time`` (seconds; a replay passes the trace's timestamps), or
 ``time.monotonic()`` for hints without a time; the clock never goes back.
@@ -93,7 +86,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_right
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from itertools import compress, repeat
 from operator import is_
 from math import exp, inf, log
@@ -102,55 +95,26 @@ from typing import Hashable
 from sortedcontainers import SortedList
 
 from .base import PolicyBase, SessionHint
+from .reuse_tables import BUCKETS, EDGES, EVIDENCE, ClassStats, ReuseTables, chat_class
 
 _SHARED = object()       # owner of a block released by two sessions
 _START_LOG_GAP = log(61.0)  # prior mean log(1 + gap) before anything is observed
 _MIN_P = 0.02
 _SESSIONS = 1 << 16      # sessions remembered by default (~200 B each), so forecasts do not depend on capacity
+_REFRESH = 256           # chat releases between two recomputations of the reuse tables
 
-# The chat fallback's learned reuse tables (see the module doc).
-_EDGES = (0.0,) + tuple(float(2 ** k) for k in range(13))  # age buckets, seconds: 0, 1, 2, 4, ..., 4096
-_B = len(_EDGES) - 1
-_WIDTH = tuple(_EDGES[b + 1] - _EDGES[b] for b in range(_B))
-_MID = tuple(0.5 * (_EDGES[b] + _EDGES[b + 1]) for b in range(_B))
-_EVIDENCE = 64           # block experiments opened before the tables rank chat releases
-_PRIOR = 5.0             # a class's hazard is shrunk to its parent's, worth this many blocks through each bucket
-_CAP = 20000.0           # experiments a class remembers (its counts halve beyond)
-_REFRESH = 256           # chat releases between two recomputations of the tables
-_OPEN = 1 << 19          # experiments open at once, at most (later blocks open none until some close)
+class _Queue(ClassStats):
+    """The candidates of one chat class, in release order (tail first within a release), with what
+    the class's block experiments taught (``ClassStats``)."""
 
-
-def _chat_class(leaf: bool, shared: bool, count: int, gap: float, tokens: int) -> tuple:
-    """A chat block's class: the release's tail; a block shared by sessions; else a private block by how
-    often its hash was accessed (1..4+), the time since its session's previous request (none, < 30 s,
-    < 10 min, longer) and the request's length (< 16k, < 32k, longer tokens). Coarse to fine: the
-    tables shrink a class to its prefix."""
-    if leaf:
-        return ("leaf",)
-    if shared:
-        return ("shared",)
-    return ("private", count if count < 4 else 4, 0 if gap < 0 else (1 if gap < 30 else (2 if gap < 600 else 3)),
-            (tokens >= 16384) + (tokens >= 32768))
-
-
-class _Queue:
-    """The candidates of one chat class, in release order (tail first within a release), and what the
-    class's block experiments taught: per age bucket, reuses and exposure (seconds survived in it)."""
-
-    __slots__ = ("klass", "seq", "blocks", "hits", "expo", "inside", "tsum", "total", "table")
+    __slots__ = ("seq", "blocks")
     queue = True
     waiting = False
 
     def __init__(self, klass: tuple, seq: int) -> None:
-        self.klass = klass
+        super().__init__(klass)
         self.seq = seq
         self.blocks: OrderedDict[int, float] = OrderedDict()  # block -> release time
-        self.hits = [0.0] * _B
-        self.expo = [0.0] * _B
-        self.inside = [0] * _B      # open experiments now in each bucket ...
-        self.tsum = [0.0] * _B      # ... and the sum of their release times (their exposure so far)
-        self.total = 0.0
-        self.table = [0.0] * _B     # the index by the head's age bucket
 
 
 def _turn_class(turn: int | None) -> tuple:
@@ -237,14 +201,8 @@ class SessionPolicy(PolicyBase):
         self._gap = -1.0                      # seconds since the session's previous request (-1: none)
         self._tokens = 0                      # the release's length in tokens (pool.release_size blocks)
         self._weight = 1.0                    # a private block's experiment weight: 1 / the release's blocks
-        self._open: dict = {}                 # hash -> its open experiment [queue, time, bucket, open, hash]
-        self._ages = [deque() for _ in range(_B)]  # open experiments by age bucket, release order
-        self._pending: list = []              # experiments whose hash was accessed since the last hint
-        self._evidence = 0                    # experiments opened
+        self._reuse = ReuseTables()           # experiments and access counts of chat blocks' hashes
         self._since = 0                       # chat releases since the tables were computed
-        self._counts: dict = {}               # hash -> accesses (two generations: bounded memory)
-        self._counts_old: dict = {}
-        self._count_limit = 1 << 18
         self._heads = SortedList()            # (index, seq) of each non-empty queue's head
         self._head_of: dict[int, tuple] = {}  # queue seq -> its entry in _heads
         self._qs: dict[int, _Queue] = {}      # queue seq -> queue
@@ -254,7 +212,7 @@ class SessionPolicy(PolicyBase):
         super().bind(pool)
         if self.max_sessions is None:
             self._limit = max(_SESSIONS, pool.num_blocks)
-        self._count_limit = max(1 << 18, 16 * pool.num_blocks)
+        self._reuse.count_limit = max(1 << 18, 16 * pool.num_blocks)
 
     # -- prediction ------------------------------------------------------------------------------------
     @staticmethod
@@ -293,8 +251,8 @@ class SessionPolicy(PolicyBase):
         self._now = now
         self._agroup = self._choice = None
         self._stale = True
-        if self._open:
-            self._age_out()
+        if self._reuse.open:
+            self._reuse.age_out(now)
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
             entry = deadlines.pop(0)
@@ -330,8 +288,8 @@ class SessionPolicy(PolicyBase):
         chat = hint.end is None and hint.next_arrival is None
         if chat:
             self._gap = now - state.last if state.last is not None else -1.0
-        if self._pending:
-            self._resolve()
+        if self._reuse.pending:
+            self._reuse.resolve(now)
         if state.last is not None:
             lg = log(1.0 + (now - state.last))
             rate = self.rate
@@ -365,7 +323,7 @@ class SessionPolicy(PolicyBase):
         self._fb = self._leaf = chat
         if chat:
             self._chat = True
-            self._active = self._evidence >= _EVIDENCE
+            self._active = self._reuse.evidence >= EVIDENCE
             self._since += 1
             if self._since >= _REFRESH:
                 self._since = 0
@@ -457,10 +415,8 @@ class SessionPolicy(PolicyBase):
         hashes = pool.block_hash
         now = self._now
         gof = self._group_of
-        opened = self._open
-        first = self._ages[0]
+        reuse = self._reuse
         for block in blocks:
-            counts, old = self._counts, self._counts_old
             owner = owners.get(block)
             shared = owner is not None and owner != session
             if shared:
@@ -475,28 +431,16 @@ class SessionPolicy(PolicyBase):
                 self._tokens = size * pool.block_size
                 self._weight = 1.0 / size
             h = hashes[block]
-            count = counts.get(h) or old.get(h) or 1
-            klass = _chat_class(leaf, shared, count, self._gap, self._tokens)
+            klass = chat_class(leaf, shared, reuse.accesses(h), self._gap, self._tokens)
             q = self._queues.get(klass)
             if q is None:
                 self._qseq += 1
                 q = self._queues[klass] = _Queue(klass, self._qseq)
                 self._qs[q.seq] = q
                 self._tables()
-            if len(opened) < _OPEN:
-                # A release's private blocks come back together (its session returns), so they are one
-                # experiment: each weighs 1 / the release's blocks. The tail and shared blocks weigh 1.
-                w = 1.0 if leaf or shared else self._weight
-                entry = [q, now, 0, True, h, w]
-                previous = opened.get(h)
-                if previous is not None and previous[3]:   # released again, never accessed: it stops
-                    self._close(previous)
-                opened[h] = entry
-                first.append(entry)
-                q.inside[0] += w
-                q.tsum[0] += w * now
-                q.total += 1.0
-                self._evidence += 1
+            # A release's private blocks come back together (its session returns), so they are one
+            # experiment: each weighs 1 / the release's blocks. The tail and shared blocks weigh 1.
+            reuse.start(q, now, h, 1.0 if leaf or shared else self._weight)
             if self._active:
                 empty = not q.blocks
                 q.blocks[block] = now
@@ -517,127 +461,13 @@ class SessionPolicy(PolicyBase):
                 group.blocks[block] = None
                 gof[block] = group
 
-    def _close(self, entry) -> None:
-        """Stop an experiment without an outcome (its exposure so far is kept)."""
-        entry[3] = False
-        q, t, b, w = entry[0], entry[1], entry[2], entry[5]
-        q.inside[b] -= w
-        q.tsum[b] -= w * t
-        q.expo[b] += w * max(0.0, self._now - t - _EDGES[b])
-
-    def _touch(self, h) -> None:
-        """An access of hash ``h`` (a hit, or its block cached again): count it, end its experiment."""
-        counts = self._counts
-        counts[h] = (counts.get(h) or self._counts_old.get(h) or 0) + 1
-        if len(counts) > self._count_limit:
-            self._counts_old = counts
-            self._counts = {}
-        entry = self._open.pop(h, None)
-        if entry is not None and entry[3]:
-            self._pending.append(entry)     # its age is known at the next hint's time
-
-    def _resolve(self) -> None:
-        """Record the reuses since the last hint, at the clock that hint moved to."""
-        now = self._now
-        for entry in self._pending:
-            if entry[3]:
-                entry[3] = False
-                q, t, b, w = entry[0], entry[1], entry[2], entry[5]
-                q.hits[b] += w
-                q.inside[b] -= w
-                q.tsum[b] -= w * t
-                q.expo[b] += w * max(0.0, now - t - _EDGES[b])
-        self._pending = []
-
-    def _age_out(self) -> None:
-        """Move open experiments whose age passed their bucket's end into the next bucket (or close them:
-        not reused within the last edge)."""
-        now = self._now
-        ages = self._ages
-        opened = self._open
-        for b in range(_B):
-            d = ages[b]
-            limit = now - _EDGES[b + 1]
-            while d and d[0][1] <= limit:
-                entry = d.popleft()
-                if not entry[3]:
-                    continue
-                q, t, w = entry[0], entry[1], entry[5]
-                q.expo[b] += w * _WIDTH[b]
-                q.inside[b] -= w
-                q.tsum[b] -= w * t
-                if b + 1 < _B:
-                    entry[2] = b + 1
-                    ages[b + 1].append(entry)
-                    q.inside[b + 1] += w
-                    q.tsum[b + 1] += w * t
-                else:
-                    entry[3] = False
-                    if opened.get(entry[4]) is entry:
-                        del opened[entry[4]]
-
     def _tables(self) -> None:
-        """Each class's index by age bucket: the most reuses per block-second its blocks can give if kept
-        up to some later age, from a hazard per bucket (reuses / exposure, censoring-aware) shrunk to the
-        class's parent (its key without the last field), the root to almost nothing."""
-        now = self._now
-        queues = list(self._queues.values())
-        hits: dict = {}
-        expos: dict = {}
-        own: dict = {}
-        for q in queues:
-            if q.total > _CAP:
-                q.hits = [x * 0.5 for x in q.hits]
-                q.expo = [x * 0.5 for x in q.expo]
-                q.total *= 0.5
-            e = [q.expo[b] + max(0.0, q.inside[b] * (now - _EDGES[b]) - q.tsum[b]) for b in range(_B)]
-            own[q.seq] = e
-            for level in range(1, len(q.klass) + 1):
-                key = q.klass[:level]
-                h = hits.setdefault(key, [0.0] * _B)
-                x = expos.setdefault(key, [0.0] * _B)
-                for b in range(_B):
-                    h[b] += q.hits[b]
-                    x[b] += e[b]
-        rates: dict = {}
-
-        def rate(key):
-            r = rates.get(key)
-            if r is None:
-                h, x = hits[key], expos[key]
-                if len(key) == 1:
-                    r = [(h[b] + 0.01) / (x[b] + _WIDTH[b]) for b in range(_B)]
-                else:
-                    parent = rate(key[:-1])
-                    r = [(h[b] + _PRIOR * _WIDTH[b] * parent[b]) / (x[b] + _PRIOR * _WIDTH[b]) for b in range(_B)]
-                rates[key] = r
-            return r
-
-        for q in queues:
-            lam = rate(q.klass)
-            reuse = [1.0 - exp(-_WIDTH[b] * lam[b]) for b in range(_B)]
-            alive = [1.0] * (_B + 1)
-            for b in range(_B):
-                alive[b + 1] = alive[b] * (1.0 - reuse[b])
-            table = []
-            for j in range(_B):
-                a = _EDGES[j]
-                best = got = spent = 0.0
-                if alive[j] > 1e-12:
-                    for k in range(j, _B):
-                        p = alive[k] * reuse[k]
-                        got += p
-                        spent += p * (_MID[k] - a)
-                        t = spent + alive[k + 1] * (_EDGES[k + 1] - a)
-                        if t > 0.0 and got / t > best:
-                            best = got / t
-                table.append(best)
-            q.table = table
+        ReuseTables.compute(list(self._queues.values()), self._now)
         self._stale = True
 
     def _score(self, q: _Queue) -> float:
-        j = bisect_right(_EDGES, self._now - next(iter(q.blocks.values()))) - 1
-        return q.table[j] if j < _B else 0.0
+        j = bisect_right(EDGES, self._now - next(iter(q.blocks.values()))) - 1
+        return q.table[j] if j < BUCKETS else 0.0
 
     def _rehead(self, q: _Queue) -> None:
         entry = self._head_of.pop(q.seq, None)
@@ -674,7 +504,7 @@ class SessionPolicy(PolicyBase):
 
     def on_hit(self, block: int, was_evictable: bool) -> None:
         if self._chat:
-            self._touch(self.pool.block_hash[block])
+            self._reuse.touch(self.pool.block_hash[block])
         if was_evictable:
             group = self._group_of.pop(block)
             if group.queue:
@@ -710,14 +540,14 @@ class SessionPolicy(PolicyBase):
 
     def on_cached(self, block: int) -> None:
         if self._chat:
-            self._touch(self.pool.block_hash[block])
+            self._reuse.touch(self.pool.block_hash[block])
 
     def on_cached_batch(self, blocks: list[int]) -> None:
         """``on_cached`` for each block in order."""
         if self._chat:
             hashes = self.pool.block_hash
             for block in blocks:
-                self._touch(hashes[block])
+                self._reuse.touch(hashes[block])
 
     def _choose(self) -> _Group | _Queue:
         waiting, aged = self._waiting, self._aged
@@ -833,5 +663,5 @@ class SessionPolicy(PolicyBase):
                       for k, s in self._sessions.items()),
                 tuple((q.klass, tuple(q.blocks.items()), tuple(q.hits), tuple(q.expo), tuple(q.inside), q.total)
                       for q in self._queues.values()),
-                tuple(sorted(((h, tuple(e[:1][0].klass), e[1], e[2]) for h, e in self._open.items()), key=repr)),
-                self._evidence)
+                tuple(sorted(((h, tuple(e[:1][0].klass), e[1], e[2]) for h, e in self._reuse.open.items()), key=repr)),
+                self._reuse.evidence)
