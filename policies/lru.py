@@ -7,11 +7,14 @@ puts it at the most-recent end.
 
 Layout, chosen for Python's costs (no per-block hash-table work): the order is a
 queue of *runs*, one per release batch, oldest first, each a list of blocks in
-release order. A block's ``stamp`` is the serial of the run it is evictable in
-(0: not evictable). A hit only zeroes the stamp; the stale entry it leaves in its
-run is skipped when the run reaches the front (its stamp no longer names that
-run), and the runs are compacted when stale entries outnumber live ones. An
-eviction burst takes a slice of the front run at C speed.
+release order. A block's ``stamp`` is the serial of the run it was last released
+in; it is evictable while that run is not behind the front one and the stamp is
+not 0. A hit only zeroes the stamp; the stale entry it leaves in its run is
+skipped when the run reaches the front (its stamp no longer names that run), and
+the runs are compacted when stale entries outnumber live ones. An eviction burst
+takes a slice of the front run at C speed; the blocks of a run it takes whole
+need no store (their serial falls behind the front), the part taken from a run
+that stays is zeroed.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ class LRUPolicy(PolicyBase):
 
     def __init__(self) -> None:
         self._runs: deque[list] = deque()   # [serial, blocks, next index], oldest first
-        self._stamp: list[int] = []         # per block: serial of its run, 0 when not evictable
+        self._stamp: list[int] = []         # per block: serial of its last run, 0 once hit
         self._serial = 0
         self._len = 0                       # evictable blocks
         self._entries = 0                   # entries not yet consumed in the runs (live + stale)
@@ -100,8 +103,8 @@ class LRUPolicy(PolicyBase):
                 runs.popleft()
             else:
                 run[2] = pos
-        for block in out:
-            stamp[block] = 0
+                for block in chunk:
+                    stamp[block] = 0
         self._len -= len(out)
         return out
 
@@ -125,7 +128,10 @@ class LRUPolicy(PolicyBase):
         return self._len
 
     def __contains__(self, block: int) -> bool:
-        return 0 <= block < len(self._stamp) and self._stamp[block] != 0
+        if not 0 <= block < len(self._stamp):
+            return False
+        serial = self._stamp[block]
+        return serial != 0 and serial >= (self._runs[0][0] if self._runs else self._serial + 1)
 
     def snapshot(self) -> tuple[int, ...]:
         stamp = self._stamp
