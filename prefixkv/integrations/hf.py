@@ -26,7 +26,9 @@ leading columns every row has cached. ``generate`` then feeds the model only the
 remaining columns, with position ids from the attention mask, so they are
 correctly positioned. Rows with more cached tokens than the batch minimum
 recompute the difference but do not write it again. Without ``prepare`` the
-cache admits the rows on the first forward: correct, but nothing is skipped.
+cache admits the rows on the first forward: correct, but nothing is skipped (and
+with ``prefill_chunk_size``, a row whose left padding fills the first chunk is
+refused: call ``prepare``).
 
 **Modes.** ``mode="gather"`` (default): ``update`` writes the new K/V through the
 slot mapping and returns the padded, contiguous ``[B, H, T, d]`` K/V gathered
@@ -838,6 +840,12 @@ class PrefixKVCache(Cache):
                     f"columns for {q_len} input ids: call cache.prepare(full_prompt_ids, attention_mask) first")
             pads = _left_padding(attention_mask if isinstance(attention_mask, torch.Tensor) else None,
                                  input_ids.shape)
+            for b, pad in enumerate(pads):
+                if pad >= q_len:
+                    raise ValueError(
+                        f"row {b} has no token in the first forward: its left padding covers all {q_len} columns "
+                        f"(generate's prefill_chunk_size splits the prompt into chunks), so it cannot be admitted "
+                        f"from this forward; call cache.prepare(input_ids, attention_mask) before generate")
             self._admit(input_ids, pads, max_past=0)
         if batch != len(self._rows):
             if self._fresh and batch % len(self._rows) == 0:
