@@ -41,3 +41,145 @@ def test_a_refused_bind_names_the_socket_and_releases_every_port():
             assert pub.endpoints["events"] == events
     finally:
         busy.close()
+
+
+# -- a scripted worker ----------------------------------------------------------------
+
+from prefixkv.fleet import subscriber as subscriber_module  # noqa: E402
+from prefixkv.fleet.index import KVIndex  # noqa: E402
+from prefixkv.fleet.subscriber import FleetSubscriber  # noqa: E402
+
+INTERVAL = 0.1
+
+
+def _stored(*hashes: int, parent: int | None = None) -> wire.BlockStored:
+    return wire.BlockStored(block_hashes=list(hashes), parent_block_hash=parent, token_ids=[], block_size=4,
+                            lora_id=None, medium="GPU", lora_name=None)
+
+
+class FakeWorker:
+    """A worker's three sockets driven by the test. XPUB sockets: a subscription message
+    says the router's SUB socket is connected, so nothing is lost to the slow-joiner rule."""
+
+    def __init__(self, incarnation: str = "one") -> None:
+        self.ctx = zmq.Context()
+        self.events, self.replay, self.beats = (self.ctx.socket(k) for k in (zmq.XPUB, zmq.ROUTER, zmq.XPUB))
+        self.endpoints = {}
+        for name, sock in (("events", self.events), ("replay", self.replay), ("heartbeat", self.beats)):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.bind("tcp://127.0.0.1:0")
+            self.endpoints[name] = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.incarnation = incarnation
+        self.log: dict[int, bytes] = {}       # seq -> payload: what a replay answers from
+        self.held: set = set()
+        self.next_seq = 0
+        self.requests: list[bytes] = []       # every replay request received, in order
+
+    def wait_subscribed(self, sub: FleetSubscriber) -> None:
+        for sock in (self.events, self.beats):
+            sock.setsockopt(zmq.RCVTIMEO, int(BOUND_S * 1000))
+            assert sock.recv()[0] == 1          # a subscription
+
+    def beat(self) -> None:
+        hb = wire.Heartbeat(worker_id="w", incarnation=self.incarnation, fingerprint="", block_size=4, hash_seed=0,
+                            free_blocks=100, queued_prefill_tokens=0, running_requests=0, next_seq=self.next_seq,
+                            interval_s=INTERVAL, ts=time.time())
+        self.beats.send_multipart([wire.HEARTBEAT_TOPIC, wire.encode(hb)])
+
+    def publish(self, *events, lost: bool = False) -> int:
+        seq = self.next_seq
+        self.next_seq += 1
+        payload = wire.encode(wire.KVEventBatch(ts=time.time(), events=list(events), data_parallel_rank=0))
+        self.log[seq] = payload
+        for e in events:
+            if isinstance(e, wire.BlockStored):
+                self.held.update(e.block_hashes)
+            elif isinstance(e, wire.BlockRemoved):
+                self.held.difference_update(e.block_hashes)
+            else:
+                self.held.clear()
+        if not lost:
+            self.events.send_multipart([b"", wire.seq_bytes(seq), payload])
+        return seq
+
+    def take_requests(self) -> list[tuple[bytes, bytes]]:
+        out = []
+        while self.replay.poll(0):
+            client, _, request = self.replay.recv_multipart()
+            self.requests.append(request)
+            out.append((client, request))
+        return out
+
+    def answer(self, client: bytes, request: bytes) -> None:
+        if request == wire.SNAPSHOT_REQUEST:
+            batch = wire.KVEventBatch(ts=time.time(), events=[wire.AllBlocksCleared(), _stored(*sorted(self.held))])
+            self.replay.send_multipart([client, b"", b"", wire.seq_bytes(self.next_seq), wire.encode(batch)])
+        else:
+            start = int.from_bytes(request, "big")
+            for seq in sorted(self.log):
+                if seq >= start:
+                    self.replay.send_multipart([client, b"", b"", wire.seq_bytes(seq), self.log[seq]])
+        self.replay.send_multipart([client, b"", b"", wire.END_SEQ, b""])
+
+    def close(self) -> None:
+        for sock in (self.events, self.replay, self.beats):
+            sock.close(0)
+        self.ctx.term()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def follow():
+    """(worker, subscriber, clock): a scripted worker followed by a subscriber on a test clock."""
+    worker, clock = FakeWorker(), Clock()
+    sub = FleetSubscriber(KVIndex(), clock=clock)
+    sub.connect("w", worker.endpoints)
+    worker.wait_subscribed(sub)
+    try:
+        yield worker, sub, clock
+    finally:
+        sub.close()
+        worker.close()
+
+
+def _until(sub: FleetSubscriber, condition, worker: FakeWorker | None = None, bound: float = BOUND_S) -> None:
+    """Poll (answering the worker's replay requests, when given one) until ``condition()``."""
+    end = time.monotonic() + bound
+    while time.monotonic() < end:
+        sub.poll(0.02)
+        if worker is not None:
+            for client, request in worker.take_requests():
+                worker.answer(client, request)
+        if condition():
+            return
+    raise AssertionError(f"condition not met within {bound} s")
+
+
+def _holds(sub: FleetSubscriber, hashes) -> bool:
+    return "w" in sub.index and set(hashes) <= sub.index.blocks_of("w")
+
+
+def test_pending_overflow_during_a_replay_loses_no_batch(follow, monkeypatch):
+    """Too many early batches while a replay is out: the replies of the two requests must not
+    be mistaken for one another (a replayed batch read as a snapshot, a snapshot as a batch)."""
+    worker, sub, _ = follow
+    monkeypatch.setattr(subscriber_module, "MAX_PENDING", 2)
+    link = sub.link("w")
+    worker.beat()
+    _until(sub, lambda: link.heartbeat is not None)
+    worker.publish(_stored(1), lost=True)
+    for h in (2, 3, 4):
+        worker.publish(_stored(h, parent=h - 1))
+    _until(sub, lambda: link.live_high == 3)            # the replay was asked for at seq 1, overflow at 3
+    _until(sub, lambda: _holds(sub, {1, 2, 3, 4}) and link.asking is None and not link.pending, worker)
+    worker.publish(_stored(5, parent=4))
+    _until(sub, lambda: _holds(sub, {1, 2, 3, 4, 5}), worker, bound=5.0)
+    assert sub.index.blocks_of("w") == {1, 2, 3, 4, 5} and link.expected == worker.next_seq
+

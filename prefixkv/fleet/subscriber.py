@@ -41,6 +41,7 @@ class _Link:
     events: zmq.Socket
     heartbeats: zmq.Socket
     replay: zmq.Socket
+    replay_endpoint: str = ""
     expected: int = 0                       # next sequence number to apply
     live_high: int | None = None            # highest sequence seen on the live socket (this incarnation)
     pending: dict = field(default_factory=dict)   # seq -> batch that came early
@@ -72,14 +73,32 @@ class FleetSubscriber:
         beats = self._ctx.socket(zmq.SUB)
         beats.setsockopt(zmq.SUBSCRIBE, wire.HEARTBEAT_TOPIC)
         beats.connect(endpoints["heartbeat"])
-        replay = self._ctx.socket(zmq.DEALER)
-        replay.setsockopt(zmq.LINGER, 0)
-        replay.connect(endpoints["replay"])
-        link = _Link(worker_id, events, beats, replay)
+        link = _Link(worker_id, events, beats, None, endpoints["replay"])
+        link.replay = self._replay_socket(link)
         self._links[worker_id] = link
-        for sock, kind in ((events, "events"), (beats, "heartbeat"), (replay, "replay")):
+        for sock, kind in ((events, "events"), (beats, "heartbeat")):
             self._poller.register(sock, zmq.POLLIN)
             self._by_socket[sock] = (link, kind)
+
+    def _replay_socket(self, link: _Link) -> zmq.Socket:
+        replay = self._ctx.socket(zmq.DEALER)
+        replay.setsockopt(zmq.LINGER, 0)
+        replay.connect(link.replay_endpoint)
+        self._poller.register(replay, zmq.POLLIN)
+        self._by_socket[replay] = (link, "replay")
+        return replay
+
+    def _drop_request(self, link: _Link) -> None:
+        """Forget the request that is out: a fresh replay socket, so no reply to it can arrive
+        and be taken for the reply to the next one (vLLM's replies do not say what they answer)."""
+        if link.asking is None:
+            return
+        old = link.replay
+        self._poller.unregister(old)
+        del self._by_socket[old]
+        old.close(0)
+        link.replay = self._replay_socket(link)
+        link.asking = None
 
     def close(self) -> None:
         for sock in self._by_socket:
@@ -93,6 +112,8 @@ class FleetSubscriber:
         ready = dict(self._poller.poll(int(timeout_s * 1000)))
         while ready:
             for sock in ready:
+                if sock not in self._by_socket:
+                    continue              # a replay socket dropped this round: its replies are stale
                 link, kind = self._by_socket[sock]
                 frames = sock.recv_multipart()
                 handled += 1
@@ -229,6 +250,7 @@ class FleetSubscriber:
         self._ask(link, "replay", wire.seq_bytes(link.expected))
 
     def _ask(self, link: _Link, what: str, request: bytes) -> None:
+        self._drop_request(link)
         link.asking = what
         link.replay.send_multipart([b"", request])
 
