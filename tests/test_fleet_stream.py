@@ -183,3 +183,22 @@ def test_pending_overflow_during_a_replay_loses_no_batch(follow, monkeypatch):
     _until(sub, lambda: _holds(sub, {1, 2, 3, 4, 5}), worker, bound=5.0)
     assert sub.index.blocks_of("w") == {1, 2, 3, 4, 5} and link.expected == worker.next_seq
 
+
+def test_a_replay_asked_of_a_worker_that_then_died_is_asked_again_after_its_restart(follow):
+    """The request the dead worker never answered must not block gap repair forever."""
+    worker, sub, clock = follow
+    link = sub.link("w")
+    worker.beat()
+    _until(sub, lambda: link.heartbeat is not None)
+    worker.publish(_stored(1), lost=True)
+    worker.publish(_stored(2, parent=1))
+    _until(sub, lambda: worker.take_requests() or False)   # asked; the worker dies without answering
+    clock.now += 10 * INTERVAL
+    sub.poll(0)
+    assert "w" not in sub.index                             # silent for 3 heartbeats: removed
+    # It comes back as a new incarnation whose first batches the router never saw.
+    worker.incarnation, worker.log, worker.held, worker.next_seq = "two", {}, set(), 0
+    worker.publish(_stored(7), lost=True)
+    worker.publish(_stored(8, parent=7), lost=True)
+    worker.beat()
+    _until(sub, lambda: _holds(sub, {7, 8}), worker, bound=5.0)

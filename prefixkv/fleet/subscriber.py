@@ -264,6 +264,7 @@ class FleetSubscriber:
         link.pending.clear()
         link.live_high = None
         link.gap_since = None
+        self._drop_request(link)          # a dead (or restarted) worker never answers it
         if ask:
             self._ask_replay(link)
 
