@@ -202,3 +202,27 @@ def test_a_replay_asked_of_a_worker_that_then_died_is_asked_again_after_its_rest
     worker.publish(_stored(8, parent=7), lost=True)
     worker.beat()
     _until(sub, lambda: _holds(sub, {7, 8}), worker, bound=5.0)
+
+
+def test_a_refused_connect_names_the_problem_and_leaves_nothing_open():
+    import threading
+
+    sub = FleetSubscriber(KVIndex())
+    kept = []      # a caller keeping the errors (logging them later) keeps their tracebacks alive
+    with pytest.raises(ValueError, match="'heartbeat'") as missing:
+        sub.connect("w", {"events": "tcp://127.0.0.1:5999", "replay": "tcp://127.0.0.1:5998"})
+    kept.append(missing)
+    with pytest.raises(zmq.ZMQError, match="heartbeat.*'nonsense'") as bad:
+        sub.connect("w", {"events": "tcp://127.0.0.1:5999", "replay": "tcp://127.0.0.1:5998",
+                          "heartbeat": "nonsense"})
+    kept.append(bad)
+    worker = FakeWorker()
+    try:
+        sub.connect("w", worker.endpoints)          # the id was not taken by the failed attempts
+        worker.wait_subscribed(sub)
+    finally:
+        closer = threading.Thread(target=sub.close, daemon=True)
+        closer.start()
+        closer.join(BOUND_S)
+        worker.close()
+    assert not closer.is_alive(), "close() hung on sockets a refused connect left open"

@@ -67,23 +67,38 @@ class FleetSubscriber:
         """Follow a worker: ``endpoints`` has ``events``, ``replay`` and ``heartbeat`` addresses."""
         if worker_id in self._links:
             raise ValueError(f"worker {worker_id!r} is already connected")
-        events = self._ctx.socket(zmq.SUB)
-        events.setsockopt(zmq.SUBSCRIBE, b"")
-        events.connect(endpoints["events"])
-        beats = self._ctx.socket(zmq.SUB)
-        beats.setsockopt(zmq.SUBSCRIBE, wire.HEARTBEAT_TOPIC)
-        beats.connect(endpoints["heartbeat"])
-        link = _Link(worker_id, events, beats, None, endpoints["replay"])
-        link.replay = self._replay_socket(link)
+        missing = [name for name in ("events", "replay", "heartbeat") if name not in endpoints]
+        if missing:
+            raise ValueError(f"worker {worker_id!r}: endpoints need 'events', 'replay' and 'heartbeat' "
+                             f"addresses; missing {', '.join(map(repr, missing))}")
+        made: list = []
+        try:
+            for name, topic in (("events", b""), ("heartbeat", wire.HEARTBEAT_TOPIC), ("replay", None)):
+                sock = self._ctx.socket(zmq.SUB if topic is not None else zmq.DEALER)
+                made.append(sock)
+                sock.setsockopt(zmq.LINGER, 0)
+                if topic is not None:
+                    sock.setsockopt(zmq.SUBSCRIBE, topic)
+                try:
+                    sock.connect(endpoints[name])
+                except zmq.ZMQError as exc:
+                    raise zmq.ZMQError(exc.errno, f"worker {worker_id!r}: cannot connect to its {name} "
+                                                  f"endpoint {endpoints[name]!r}: {exc.strerror}") from None
+        except BaseException:
+            for sock in made:
+                sock.close(0)
+            raise
+        events, beats, replay = made
+        link = _Link(worker_id, events, beats, replay, endpoints["replay"])
         self._links[worker_id] = link
-        for sock, kind in ((events, "events"), (beats, "heartbeat")):
+        for sock, kind in ((events, "events"), (beats, "heartbeat"), (replay, "replay")):
             self._poller.register(sock, zmq.POLLIN)
             self._by_socket[sock] = (link, kind)
 
     def _replay_socket(self, link: _Link) -> zmq.Socket:
         replay = self._ctx.socket(zmq.DEALER)
         replay.setsockopt(zmq.LINGER, 0)
-        replay.connect(link.replay_endpoint)
+        replay.connect(link.replay_endpoint)     # accepted once already, by connect()
         self._poller.register(replay, zmq.POLLIN)
         self._by_socket[replay] = (link, "replay")
         return replay
