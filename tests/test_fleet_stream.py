@@ -15,6 +15,7 @@ import pytest
 zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
+from prefixkv.events import BlockStored as CoreStored  # noqa: E402
 from prefixkv.fleet import wire  # noqa: E402
 from prefixkv.fleet.publisher import KVEventPublisher  # noqa: E402
 
@@ -226,3 +227,26 @@ def test_a_refused_connect_names_the_problem_and_leaves_nothing_open():
         closer.join(BOUND_S)
         worker.close()
     assert not closer.is_alive(), "close() hung on sockets a refused connect left open"
+
+
+def test_set_load_takes_numpy_integers_and_refuses_what_the_heartbeat_cannot_carry():
+    """A load the heartbeat cannot encode used to kill the socket thread: no heartbeats, and
+    every later batch queued for a thread that was gone."""
+    np = pytest.importorskip("numpy")
+    sub = FleetSubscriber(KVIndex())
+    with KVEventPublisher("w", block_size=4, heartbeat_interval_s=0.05) as pub:
+        sub.connect("w", pub.endpoints)
+        try:
+            pub.set_load(free_blocks=np.int64(5), queued_prefill_tokens=np.int32(7), running_requests=np.uint8(2))
+            with pytest.raises(TypeError, match="free_blocks"):
+                pub.set_load(free_blocks=5.5)
+            with pytest.raises(ValueError, match="running_requests"):
+                pub.set_load(free_blocks=5, running_requests=-1)
+            link = sub.link("w")
+            _until(sub, lambda: link.heartbeat is not None and link.heartbeat.free_blocks == 5)
+            hb = link.heartbeat
+            assert (hb.queued_prefill_tokens, hb.running_requests) == (7, 2)
+            pub.publish([CoreStored(b"a" * 16, None, 4, None, 0)])
+            _until(sub, lambda: _holds(sub, {b"a" * 16}))
+        finally:
+            sub.close()

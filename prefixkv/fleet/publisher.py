@@ -20,6 +20,7 @@ on the network.
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 import uuid
@@ -89,7 +90,18 @@ class KVEventPublisher:
         self.publish(manager.drain_events(), tokens=tokens or None, drop=drop)
 
     def set_load(self, *, free_blocks: int, queued_prefill_tokens: int = 0, running_requests: int = 0) -> None:
-        self._load = (free_blocks, queued_prefill_tokens, running_requests)   # one assignment: read whole
+        """The load the next heartbeats report: integers >= 0 (numpy integers too)."""
+        load = []
+        for name, value in (("free_blocks", free_blocks), ("queued_prefill_tokens", queued_prefill_tokens),
+                            ("running_requests", running_requests)):
+            try:
+                number = operator.index(value)
+            except TypeError:
+                raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
+            if number < 0:
+                raise ValueError(f"{name} must be >= 0, got {number}")
+            load.append(number)
+        self._load = tuple(load)   # one assignment: the socket thread reads it whole
 
     def close(self) -> None:
         self._stop.set()
