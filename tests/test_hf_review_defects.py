@@ -45,3 +45,24 @@ def test_lazy_admission_with_a_chunk_that_is_all_padding_for_a_row_says_to_prepa
     assert torch.equal(out, _reference(model, ids, mask, max_new_tokens=3, prefill_chunk_size=8))
     store.check_invariants()
     assert store.stats().active_blocks == 0
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_assisted_decoding_with_a_cached_prefix_is_refused_by_name(model, with_mask):
+    """Prompt lookup (and assisted) decoding feeds the whole prompt from position 0 whatever the
+    cache holds, and needs a croppable cache. With a cached prefix the forward used to be refused
+    as 'position ids disagree ... pass the full prompt' (or an attention-mask shape complaint),
+    though the user had passed the full prompt; now the refusal names assisted decoding."""
+    store = _store(model)
+    ids = torch.tensor([SYSTEM + _ids(62, 10)])
+    mask = torch.ones_like(ids) if with_mask else None
+    with store.cache(model) as cache:                      # cache the system prompt's blocks
+        cache.prepare(ids, mask)
+        model.generate(ids, attention_mask=mask, cache=cache, max_new_tokens=2, do_sample=False)
+    with store.cache(model) as cache:
+        assert cache.prepare(ids, mask).cached_columns > 0
+        with pytest.raises(ValueError, match=r"assisted decoding.*prompt_lookup_num_tokens.*does not support"):
+            model.generate(ids, attention_mask=mask, cache=cache, max_new_tokens=4, do_sample=False,
+                           prompt_lookup_num_tokens=3)
+    store.check_invariants()
+    assert store.stats().active_blocks == 0

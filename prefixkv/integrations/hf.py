@@ -854,6 +854,16 @@ class PrefixKVCache(Cache):
                 raise ValueError(f"the forward has {batch} rows but the cache holds {len(self._rows)}")
         rows = self._rows
         col0 = self._columns
+        width = max(row.pad + len(row.tokens) for row in rows)
+        if self._fresh and col0 and q_len >= width:
+            # generate slices its input past get_seq_length(); a forward that brings the whole
+            # prepared prompt again (plus draft tokens) was not sliced, as in assisted decoding.
+            raise ValueError(
+                f"the first forward brings {q_len} columns from the start of the {width}-column prompt although "
+                f"the cache holds {col0} of them: "
+                f"generate did not skip the cached columns, as in assisted decoding (assistant_model=, "
+                f"prompt_lookup_num_tokens=), which PrefixKVCache does not support (it cannot be cropped); "
+                f"use greedy, sampling or beam search")
         columns = col0 + q_len
         pads = np.fromiter((row.pad for row in rows), dtype=np.int64, count=batch)
         padded = bool(pads.any())
