@@ -66,3 +66,30 @@ def test_assisted_decoding_with_a_cached_prefix_is_refused_by_name(model, with_m
                            prompt_lookup_num_tokens=3)
     store.check_invariants()
     assert store.stats().active_blocks == 0
+
+
+def test_a_prepare_that_does_not_fit_evicts_no_cached_prefix(model):
+    """prepare() is all or nothing: a batch the pool cannot hold must leave the store as it was.
+    It used to admit the first rows (evicting cached blocks to make room) before the last one
+    failed, so a refused batch cost later prompts their prefix hits."""
+    from prefixkv import OutOfBlocks
+
+    store = _store(model, num_blocks=8)                          # 64 slots of 8 tokens
+    warm = torch.tensor([SYSTEM[:24] + _ids(63, 3)])             # 3 full blocks stay cached
+    with store.cache(model) as cache:
+        cache.prepare(warm)
+        model.generate(warm, cache=cache, max_new_tokens=2, do_sample=False)
+    before = store.stats()
+    assert before.evictable_blocks == 3
+    # Row 0 alone needs 7 blocks (taking 2 evictable ones), row 1 needs 4 more: 11 > 8.
+    ids, mask = _left_pad([_ids(64, 56), _ids(65, 30)])
+    with store.cache(model) as cache:
+        with pytest.raises(OutOfBlocks):
+            cache.prepare(ids, mask)
+        assert cache.batch_size == 0
+    store.check_invariants()
+    after = store.stats()
+    assert (after.active_blocks, after.evictable_blocks, after.evictions) == \
+        (0, before.evictable_blocks, before.evictions)
+    with store.cache(model) as cache:
+        assert cache.prepare(warm).hit_tokens == (24,)

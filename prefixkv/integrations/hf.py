@@ -137,7 +137,7 @@ import torch
 import transformers
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from prefixkv.errors import OutOfBlocks
+from prefixkv.errors import OutOfBlocks, SequenceTooLong
 from prefixkv.manager import KVCacheManager
 from prefixkv.sizing import KVSpec, parse_size
 from prefixkv.kv.storage import KVStore
@@ -613,7 +613,8 @@ class PrefixKVCache(Cache):
         ``pad_token_id``, by default the model's; pass the returned
         ``input_ids`` / ``attention_mask`` to ``generate``). Rows this cache
         held before are released first. All or nothing: if the pool cannot
-        hold every row, nothing stays admitted (``OutOfBlocks``).
+        hold every row, ``OutOfBlocks`` is raised before anything changes (no
+        row admitted, no cached block evicted).
         """
         if self._rows or self._forward is not None or self._broken is not None:
             self.release()
@@ -718,14 +719,18 @@ class PrefixKVCache(Cache):
         if self._window is not None:
             longest = max(len(ids[b]) - pad for b, pad in enumerate(pads))
             self._check_window(longest)
+        prompts = []
+        for b, pad in enumerate(pads):
+            if not ids[b][pad:]:
+                raise ValueError(f"row {b} is all padding")
+            prompts.append(manager.prompt(ids[b][pad:]))
+        self._check_batch_fits(prompts)        # all or nothing: no row evicts anything for a batch that fails
         rows: list[_Row] = []
         try:
             for b, pad in enumerate(pads):
                 tokens = ids[b][pad:]
-                if not tokens:
-                    raise ValueError(f"row {b} is all padding")
                 seq = store._new_seq_id()
-                prompt = manager.prompt(tokens)
+                prompt = prompts[b]
                 store.prefetch(prompt)             # remote blocks staged (verified) in the host tier
                 hit = manager.admit(seq, prompt)
                 store.run_transfers()          # host-tier demotions and loads before any write
@@ -749,6 +754,46 @@ class PrefixKVCache(Cache):
         self._fresh = True
         self.counters["prompt_tokens"] += sum(len(row.tokens) for row in rows)
         self.counters["hit_tokens"] += sum(row.own_start for row in rows)
+
+    def _check_batch_fits(self, prompts) -> None:
+        """``OutOfBlocks`` (``SequenceTooLong``), before anything changes, when admitting every
+        prompt in order would not fit the free blocks. Read-only. A prompt's blocks that an earlier
+        row of the batch publishes (or pins, or loads from the host tier) cost it nothing; a hit
+        that an earlier row's allocation evicts costs a fresh block instead of the pinned one, so
+        the sum stays exact."""
+        manager = self.store.manager
+        pool = manager.pool
+        size = manager.block_size
+        ref = pool.ref_count
+        lookup = pool.lookup
+        caching = manager.enable_caching
+        published: set = set()
+        needed = 0
+        for b, prompt in enumerate(prompts):
+            m = manager.match(prompt)
+            if m.total_blocks > pool.num_blocks:
+                raise SequenceTooLong(m.total_blocks, pool.num_blocks,
+                                      f"row {b}: admission of {prompt.num_tokens} tokens")
+            need = m.blocks_needed
+            if caching and published:
+                hashes = prompt.block_hashes()
+                for h in hashes[:m.hit_blocks]:       # pinned or loaded by an earlier row already
+                    if h in published:
+                        block = lookup(h)
+                        if block is None or not ref[block]:
+                            need -= 1
+                blocks = m.hit_blocks
+                limit = min((prompt.num_tokens - 1) // size, len(hashes))
+                while blocks < limit and hashes[blocks] in published:
+                    block = lookup(hashes[blocks])    # an older evictable copy is pinned instead
+                    if block is None or ref[block]:
+                        need -= 1
+                    blocks += 1
+            needed += need
+            if caching:
+                published.update(prompt.block_hashes()[:prompt.num_tokens // size])
+        if needed > manager.num_free_blocks:
+            raise OutOfBlocks(needed, manager.num_free_blocks, f"admission of {len(prompts)} row(s)")
 
     def _check_window(self, length: int) -> None:
         if self._window is not None and length > self._window:
