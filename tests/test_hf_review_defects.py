@@ -93,3 +93,24 @@ def test_a_prepare_that_does_not_fit_evicts_no_cached_prefix(model):
         (0, before.evictable_blocks, before.evictions)
     with store.cache(model) as cache:
         assert cache.prepare(warm).hit_tokens == (24,)
+
+
+def test_continuing_forked_rows_is_not_refused_for_copy_on_write_it_will_not_do(model):
+    """Forked rows (num_return_sequences) share a partly filled tail. Continuing them with several
+    new tokens each copies the tail for every holder but the last, which then writes in place; the
+    capacity check counted a copy for every row and refused an append that fits."""
+    from prefixkv.integrations.hf import PrefixKVStore
+
+    store = PrefixKVStore(model, num_blocks=3, block_size=8, hash_seed=0)
+    ids = torch.tensor([_ids(70, 9)])                          # 2 blocks, the tail holds 1 token
+    kw = dict(do_sample=True, top_k=1, num_return_sequences=2)  # greedy, through forked rows
+    with store.cache(model) as cache:
+        cache.prepare(ids)
+        first = model.generate(ids, cache=cache, max_new_tokens=1, **kw)
+        assert cache.batch_size == 2 and store.manager.num_free_blocks == 1
+        more = torch.cat([first, torch.tensor([_ids(71, 3)] * 2)], 1)   # 4 new tokens per row
+        out = model.generate(more, cache=cache, max_new_tokens=1, do_sample=False)
+        assert torch.equal(out, _reference(model, more, max_new_tokens=1))
+        assert store.stats().cow_copies == 1
+        store.check_invariants()
+    assert store.stats().active_blocks == 0

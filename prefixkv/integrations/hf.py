@@ -985,7 +985,21 @@ class PrefixKVCache(Cache):
         if all(len(new) == 1 for new in news):
             manager.decode_step(seqs, [new[0] for new in news])   # all or nothing
         else:
-            needed = sum(manager.blocks_needed_to_append(seq, len(new)) for seq, new in zip(seqs, news) if new)
+            needed = 0
+            ref = manager.pool.ref_count
+            holders: dict[int, int] = {}      # shared partial tail -> holders not yet copied away from it
+            for seq, new in zip(seqs, news):
+                if not new:
+                    continue
+                need = manager.blocks_needed_to_append(seq, len(new))
+                if manager.num_tokens(seq) % size:
+                    tail = manager.block_ids(seq)[-1]
+                    left = holders.setdefault(tail, ref[tail])
+                    if left > 1:
+                        holders[tail] = left - 1      # copies it; the last holder writes in place
+                    elif ref[tail] > 1:
+                        need -= 1                     # counted a copy it will not make
+                needed += need
             if needed > manager.num_free_blocks:
                 raise OutOfBlocks(needed, manager.num_free_blocks, f"append of {sum(map(len, news))} token(s)")
             for seq, new in zip(seqs, news):
