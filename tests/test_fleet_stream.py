@@ -250,3 +250,21 @@ def test_set_load_takes_numpy_integers_and_refuses_what_the_heartbeat_cannot_car
             _until(sub, lambda: _holds(sub, {b"a" * 16}))
         finally:
             sub.close()
+
+
+def test_a_batch_msgpack_cannot_carry_is_refused_by_publish_and_takes_no_sequence_number():
+    """An int block hash outside msgpack's 64-bit range used to kill the socket thread."""
+    sub = FleetSubscriber(KVIndex())
+    with KVEventPublisher("w", block_size=4, heartbeat_interval_s=0.05) as pub:
+        sub.connect("w", pub.endpoints)
+        try:
+            link = sub.link("w")
+            _until(sub, lambda: link.heartbeat is not None)
+            with pytest.raises((ValueError, OverflowError), match="64-bit"):
+                pub.publish([CoreStored(2**64, None, 4, None, 0)])
+            pub.publish([CoreStored(5, None, 4, None, 0)])
+            _until(sub, lambda: _holds(sub, {5}))
+            assert link.expected == 1 and link.live_high == 0      # the refused batch took no number
+            _until(sub, lambda: link.heartbeat.next_seq == 1)      # and the thread still beats
+        finally:
+            sub.close()

@@ -78,8 +78,11 @@ class KVEventPublisher:
         """
         converted = wire.to_wire(events, block_size=self.block_size, medium=medium, tokens=tokens)
         if converted:
+            # encoded here, so a batch the wire cannot carry is refused before it takes a number
+            payload = wire.encode(wire.KVEventBatch(ts=time.time(), events=converted,
+                                                    data_parallel_rank=self.data_parallel_rank))
             with self._push_lock:
-                self._push.send_pyobj(("batch", converted, drop))
+                self._push.send_pyobj(("batch", (converted, payload), drop))
 
     def publish_from(self, manager, *, prompts: Sequence = (), drop: bool = False) -> None:
         """Drain ``manager``'s events (``record_events=True``) and publish them; the token ids
@@ -153,20 +156,18 @@ class KVEventPublisher:
                     next_beat = now + self.heartbeat_interval_s
                 ready = dict(poller.poll(max(1, int(1000 * (next_beat - time.monotonic())))))
                 if inbox in ready:
-                    kind, events, drop = inbox.recv_pyobj()
+                    kind, batch, drop = inbox.recv_pyobj()
                     if kind == "stop":
                         return
-                    self._send_batch(pub, events, drop)
+                    self._send_batch(pub, *batch, drop)
                 if replay in ready:
                     self._serve_replay(replay)
         finally:
             for sock in (pub, replay, beat, inbox):
                 sock.close(0)
 
-    def _send_batch(self, pub, events: list, drop: bool) -> None:
+    def _send_batch(self, pub, events: list, payload: bytes, drop: bool) -> None:
         seq = self._next_seq
-        payload = wire.encode(wire.KVEventBatch(ts=time.time(), events=events,
-                                                data_parallel_rank=self.data_parallel_rank))
         if not drop:
             pub.send_multipart([self.topic, wire.seq_bytes(seq), payload])
         self._buffer.append((seq, payload))

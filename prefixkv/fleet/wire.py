@@ -141,8 +141,13 @@ def seq_from(frame: bytes) -> int:
 
 def _hash(value) -> ExternalBlockHash:
     """prefixkv's block hashes are bytes (digests) or ints (trace ids): both go on the wire as they are."""
-    if isinstance(value, (bytes, int)) and not isinstance(value, bool):
+    if isinstance(value, bytes):
         return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if -2**63 <= value < 2**64:
+            return value
+        raise WireError(f"block hash {value!r} cannot go on the wire: an int hash must fit msgpack's 64-bit "
+                        "integers (-2**63 to 2**64 - 1)")
     raise WireError(f"block hash {value!r} ({type(value).__name__}) cannot go on the wire: vLLM's "
                     "ExternalBlockHash is bytes or int")
 
