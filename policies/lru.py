@@ -109,13 +109,19 @@ class LRUPolicy(PolicyBase):
         return out
 
     def _compact(self) -> None:
-        """Drop stale entries (O(entries), after at least as many releases)."""
+        """Drop stale entries (O(entries), after at least as many releases); a run's stamps are
+        read and counted in C, so a run left whole or emptied by hits costs no Python step per entry."""
         stamp = self._stamp
         runs: deque[list] = deque()
-        for serial, blocks, pos in self._runs:
-            live = [b for b in blocks[pos:] if stamp[b] == serial]
-            if live:
-                runs.append([serial, live, 0])
+        for run in self._runs:
+            serial, blocks, pos = run
+            rest = blocks[pos:] if pos else blocks
+            stamps = itemgetter(*rest)(stamp) if len(rest) > 1 else (stamp[rest[0]],)
+            live = stamps.count(serial)
+            if live == len(rest):
+                runs.append(run if not pos else [serial, rest, 0])
+            elif live:
+                runs.append([serial, list(compress(rest, map(eq, stamps, repeat(serial)))), 0])
         self._runs = runs
         self._entries = self._len
 

@@ -267,12 +267,21 @@ class KVCacheManager:
         # The common shape, told in C: one run on the host right after the device hits, with no
         # device block inside it or right after it.
         in_device = self.pool.lookup
-        run = leading(host.pool.lookup, hashes, start, limit)
-        if not run:
+        in_host = host.pool.lookup
+        if in_host(hashes[start]) is None:
             return _NO_LOWER
+        run = None
+        if in_host(hashes[limit - 1]) is not None:     # likely on the host to the end: one C call
+            try:
+                run = list(itemgetter(*hashes[start:limit])(host.pool.cached_map)) if limit - start > 1 \
+                    else [in_host(hashes[start])]
+            except KeyError:
+                pass
+        if run is None:
+            run = leading(in_host, hashes, start, limit)
         end = start + len(run)
         if (end == limit or in_device(hashes[end]) is None) and \
-                list(map(in_device, hashes[start:end])).count(None) == len(run):
+                self.pool.cached_map.keys().isdisjoint(hashes[start:end]):
             hits.extend(run)
             return range(start, end), run
         return self._lower_hits_mixed(hashes, start, limit, hits)
@@ -403,7 +412,8 @@ class KVCacheManager:
         indices, sources = lower
         if sources:
             pool.acquire_hits(_device_hits(hits, indices), distinct=True)
-            self.host.pin(sources)     # before the device allocates: its demotions must not take them
+            # before the device allocates: its demotions must not take them
+            self.host.pin(sources, distinct=True)
         else:
             pool.acquire_hits(hits, distinct=True)
         num_hits = len(hits)

@@ -274,14 +274,16 @@ class BlockPool:
         for block in blocks:
             ref[block] += 1
 
-    def take_cached(self, blocks: list[int]) -> None:
+    def take_cached(self, blocks: list[int], *, distinct: bool = False) -> None:
         """``acquire_hits(blocks)``, then ``forget`` each block that was evictable: the blocks stay
         held and their hashes leave this pool (their content moves up a tier). One pass when
-        every block was evictable, each listed once."""
+        every block was evictable, each listed once (``distinct``: the caller knows no block is
+        listed twice)."""
         ref = self.ref_count
         counts = gather(ref, blocks)
         if (self._hit_batch is not None and len(blocks) > 1 and counts.count(0) == len(blocks)
-                and not self._duplicates and self.events is None and len(set(blocks)) == len(blocks)):
+                and not self._duplicates and self.events is None
+                and (distinct or len(set(blocks)) == len(blocks))):
             block_hash = self.block_hash
             hashes = gather(block_hash, blocks)
             self._hit_batch(blocks)
@@ -296,7 +298,7 @@ class BlockPool:
                 for block in blocks:
                     reused[block] = False
             return
-        self.acquire_hits(blocks)
+        self.acquire_hits(blocks, distinct=distinct)
         forgotten = set()
         for block, count in zip(blocks, counts):
             if not count and block not in forgotten:
@@ -667,7 +669,8 @@ class BlockPool:
             blocks = list(blocks_in_order)
             if gather(ref, blocks).count(1) == len(blocks):
                 # every block drops to 0 (C-speed checks; a block listed twice would have had a count of 2)
-                if batch is not None and (all_cached or None not in gather(block_hash, blocks)):
+                uncached = 0 if all_cached else gather(block_hash, blocks).count(None)
+                if batch is not None and not uncached:
                     # the common release: every block stays cached
                     for block in blocks:
                         ref[block] = 0
@@ -676,7 +679,7 @@ class BlockPool:
                             prio[block] = priority
                     batch(blocks)
                     return
-                if not all_cached and gather(block_hash, blocks).count(None) == len(blocks):
+                if uncached == len(blocks):
                     # none is cached: all go back to the free list, in order
                     for block in blocks:
                         ref[block] = 0

@@ -67,14 +67,15 @@ class HostTier:
                     evictions=pool.evictions)
 
     # -- promotion -----------------------------------------------------------
-    def pin(self, blocks: list[int]) -> None:
+    def pin(self, blocks: list[int], *, distinct: bool = False) -> None:
         """Hold blocks a load will read, so no demotion overwrites them before it has run.
         Exclusive: their hashes leave this tier now (the device holds them from the admission
-        on); inclusive: they stay cached here."""
+        on); inclusive: they stay cached here. ``distinct``: no block is listed twice (a prefix
+        match's blocks)."""
         if self.inclusive:
-            self.pool.acquire_hits(blocks)
+            self.pool.acquire_hits(blocks, distinct=distinct)
         else:
-            self.pool.take_cached(blocks)
+            self.pool.take_cached(blocks, distinct=distinct)
         self.hits += len(blocks)
 
     def unpin(self, blocks: Sequence[int]) -> None:
@@ -107,9 +108,8 @@ class HostTier:
             return []
         if parents is None or depths is None:
             parents, depths = [None] * len(blocks), [0] * len(blocks)
-        present = list(map(pool.lookup, hashes))
-        if present.count(None) != len(present):
-            new = [p is None for p in present]
+        if not pool.cached_map.keys().isdisjoint(hashes):
+            new = [p is None for p in map(pool.lookup, hashes)]
             blocks, hashes, parents, depths = (list(compress(values, new)) for values in (blocks, hashes, parents, depths))
         room = pool.num_free
         if len(blocks) > room:
