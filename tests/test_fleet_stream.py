@@ -268,3 +268,39 @@ def test_a_batch_msgpack_cannot_carry_is_refused_by_publish_and_takes_no_sequenc
             _until(sub, lambda: link.heartbeat.next_seq == 1)      # and the thread still beats
         finally:
             sub.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")   # the thread killed
+def test_publish_and_close_after_close_or_a_dead_socket_thread_say_so_and_never_hang():
+    import threading
+
+    pub = KVEventPublisher("w", block_size=4)
+    pub.close()
+    pub.close()                                       # a second close (a with block around it) is fine
+    with pytest.raises(RuntimeError, match="'w' is closed"):
+        pub.publish([CoreStored(5, None, 4, None, 0)])
+
+    pub = KVEventPublisher("w", block_size=4, heartbeat_interval_s=0.02)
+
+    def broken():
+        raise MemoryError("boom")
+
+    pub._heartbeat = broken                           # whatever kills the socket thread
+    end = time.monotonic() + BOUND_S
+    while pub._thread.is_alive() and time.monotonic() < end:
+        time.sleep(0.01)
+    outcome = []
+
+    def use():
+        try:
+            pub.publish([CoreStored(5, None, 4, None, 0)])
+        except RuntimeError as exc:
+            outcome.append(str(exc))
+        pub.close()
+        outcome.append("closed")
+
+    user = threading.Thread(target=use, daemon=True)
+    user.start()
+    user.join(BOUND_S)
+    assert not user.is_alive(), "publish() or close() hung on a dead socket thread"
+    assert "boom" in outcome[0] and outcome[1] == "closed"

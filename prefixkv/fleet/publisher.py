@@ -56,6 +56,7 @@ class KVEventPublisher:
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._error: BaseException | None = None
+        self._closed = False
         self.endpoints: dict[str, str] = {}
         self._thread = threading.Thread(target=self._run, args=(endpoint, replay_endpoint, heartbeat_endpoint),
                                         daemon=True, name=f"kv-events-{worker_id}")
@@ -66,6 +67,7 @@ class KVEventPublisher:
             self._ctx.term()       # the thread closed every socket it made: no port stays bound
             raise self._error
         self._push = self._ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDTIMEO, 100)   # a hand-over re-checks now and then that the thread lives
         self._push.connect(self._inbox)
 
     # -- caller side ------------------------------------------------------------
@@ -82,7 +84,9 @@ class KVEventPublisher:
             payload = wire.encode(wire.KVEventBatch(ts=time.time(), events=converted,
                                                     data_parallel_rank=self.data_parallel_rank))
             with self._push_lock:
-                self._push.send_pyobj(("batch", (converted, payload), drop))
+                if self._closed:
+                    raise RuntimeError(f"publisher {self.worker_id!r} is closed")
+                self._hand_over(("batch", (converted, payload), drop))
 
     def publish_from(self, manager, *, prompts: Sequence = (), drop: bool = False) -> None:
         """Drain ``manager``'s events (``record_events=True``) and publish them; the token ids
@@ -106,10 +110,29 @@ class KVEventPublisher:
             load.append(number)
         self._load = tuple(load)   # one assignment: the socket thread reads it whole
 
+    def _hand_over(self, message) -> None:
+        """To the socket thread (the caller holds ``_push_lock``); raises if the thread is gone."""
+        while True:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"publisher {self.worker_id!r}: its socket thread stopped "
+                                   f"({self._error!r}); nothing more can be published")
+            try:
+                self._push.send_pyobj(message)
+                return
+            except zmq.Again:      # the thread is busy (or gone): look again
+                continue
+
     def close(self) -> None:
-        self._stop.set()
+        """Stop the socket thread and close every socket (again: nothing to do)."""
         with self._push_lock:
-            self._push.send_pyobj(("stop", None, False))
+            if self._closed:
+                return
+            self._closed = True
+            self._stop.set()
+            try:
+                self._hand_over(("stop", None, False))
+            except RuntimeError:
+                pass               # the thread is gone already
         self._thread.join(10)
         self._push.close(0)
         self._ctx.term()
@@ -162,6 +185,9 @@ class KVEventPublisher:
                     self._send_batch(pub, *batch, drop)
                 if replay in ready:
                     self._serve_replay(replay)
+        except BaseException as exc:     # publish() reports it from now on
+            self._error = exc
+            raise
         finally:
             for sock in (pub, replay, beat, inbox):
                 sock.close(0)
