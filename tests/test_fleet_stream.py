@@ -304,3 +304,41 @@ def test_publish_and_close_after_close_or_a_dead_socket_thread_say_so_and_never_
     user.join(BOUND_S)
     assert not user.is_alive(), "publish() or close() hung on a dead socket thread"
     assert "boom" in outcome[0] and outcome[1] == "closed"
+
+
+
+def test_a_snapshot_is_kept_when_an_announced_batch_arrives_after_its_end_marker(follow):
+    """The worker answers the snapshot, then publishes a batch and beats; the heartbeat comes
+    in before the snapshot's end marker, the batch itself only after it (another socket).
+    That is not a worker without snapshots (vLLM): the snapshot must stay, and the batch
+    must apply when it arrives."""
+    worker, sub, _ = follow
+    link = sub.link("w")
+    worker.beat()
+    _until(sub, lambda: link.heartbeat is not None)
+    worker.publish(_stored(1), lost=True)
+    del worker.log[0]                                  # gone from the replay buffer: a snapshot is needed
+    worker.publish(_stored(2, parent=1))
+    snapshot_from = []
+
+    def serve_replays_until_a_snapshot_request():
+        for client, request in worker.take_requests():
+            if request == wire.SNAPSHOT_REQUEST:
+                snapshot_from.append(client)
+            else:
+                worker.answer(client, request)
+        return bool(snapshot_from)
+
+    _until(sub, serve_replays_until_a_snapshot_request)
+    snapshot = wire.KVEventBatch(ts=time.time(), events=[wire.AllBlocksCleared(), _stored(1, 2)])
+    later = worker.publish(_stored(3, parent=2), lost=True)          # on its way: delivered below
+    worker.beat()                                                     # announces it (next_seq 3)
+    _until(sub, lambda: link.heartbeat.next_seq == 3)
+    client = snapshot_from[0]
+    worker.replay.send_multipart([client, b"", b"", wire.seq_bytes(2), wire.encode(snapshot)])
+    worker.replay.send_multipart([client, b"", b"", wire.END_SEQ, b""])
+    _until(sub, lambda: link.asking is None)
+    assert sub.index.blocks_of("w") == {1, 2}
+    worker.events.send_multipart([b"", wire.seq_bytes(later), worker.log[later]])
+    _until(sub, lambda: _holds(sub, {1, 2, 3}), worker, bound=5.0)
+    assert link.expected == 3

@@ -45,7 +45,7 @@ class _Link:
     expected: int = 0                       # next sequence number to apply
     live_high: int | None = None            # highest sequence seen on the live socket (this incarnation)
     pending: dict = field(default_factory=dict)   # seq -> batch that came early
-    asking: str | None = None               # "replay" / "snapshot" while a request is out
+    asking: str | None = None               # "replay" / "snapshot" / "snapshot taken" while a request is out
     incarnation: str | None = None
     heartbeat: wire.Heartbeat | None = None
     last_seen: float | None = None
@@ -196,6 +196,8 @@ class FleetSubscriber:
         asked = link.asking
         if seq_frame == wire.END_SEQ:
             link.asking = None
+            if asked == "snapshot taken":
+                return                    # what came after it arrives live (or a heartbeat asks for it)
             if asked == "snapshot" and link.expected < self._target(link):
                 # No snapshot from this worker (a vLLM publisher): start over from where it is now.
                 self.index.cleared(link.worker_id)
@@ -207,6 +209,7 @@ class FleetSubscriber:
         seq = wire.seq_from(seq_frame)
         batch = wire.decode_batch(payload)
         if asked == "snapshot":
+            link.asking = "snapshot taken"    # until its end marker: the worker does give snapshots
             self.index.cleared(link.worker_id)
             self._apply(link, batch)
             link.expected = seq
