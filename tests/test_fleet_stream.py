@@ -342,3 +342,10 @@ def test_a_snapshot_is_kept_when_an_announced_batch_arrives_after_its_end_marker
     worker.events.send_multipart([b"", wire.seq_bytes(later), worker.log[later]])
     _until(sub, lambda: _holds(sub, {1, 2, 3}), worker, bound=5.0)
     assert link.expected == 3
+
+
+def test_a_frame_that_is_not_a_batch_names_its_worker_and_socket(follow):
+    worker, sub, _ = follow
+    worker.events.send_multipart([b"", wire.seq_bytes(0), b"\x01\x02"])
+    with pytest.raises(wire.WireError, match="worker 'w'.*events.*not a KVEventBatch"):
+        _until(sub, lambda: False, bound=5.0)

@@ -132,12 +132,15 @@ class FleetSubscriber:
                 link, kind = self._by_socket[sock]
                 frames = sock.recv_multipart()
                 handled += 1
-                if kind == "events":
-                    self._on_live(link, frames)
-                elif kind == "heartbeat":
-                    self._on_heartbeat(link, frames)
-                else:
-                    self._on_replay(link, frames)
+                try:
+                    if kind == "events":
+                        self._on_live(link, frames)
+                    elif kind == "heartbeat":
+                        self._on_heartbeat(link, frames)
+                    else:
+                        self._on_replay(link, frames)
+                except wire.WireError as exc:
+                    raise wire.WireError(f"worker {link.worker_id!r}, {kind} socket: {exc}") from None
             ready = dict(self._poller.poll(0))
         self.expire()
         return handled
