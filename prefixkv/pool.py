@@ -41,8 +41,10 @@ def _batch_method(policy, single: str, batch: str):
     return getattr(policy, batch, None)
 
 
-# Hash-map entries above which a burst of deletions pays for a lookup pass first (see _evict_valid).
+# Hash-map entries above which a burst of deletions pays for a lookup pass first (see _evict_valid),
+# and from which a batch of insertions does (see publish_many): measured on a 32 MiB L3.
 _MAP_OUTGROWS_CACHES = 1 << 16
+_MAP_OUTGROWS_LLC = 1 << 19
 
 
 def gather(values: Sequence, indices: Sequence[int]) -> Sequence:
@@ -612,7 +614,15 @@ class BlockPool:
             for block, h, parent, depth in zip(blocks, hashes, parents, depths):
                 publish(block, h, parent, depth)
             return
-        got = list(map(self._cached.setdefault, hashes, blocks))
+        cached = self._cached
+        if len(cached) > _MAP_OUTGROWS_LLC and len(hashes) > 1:
+            # Each new hash probes a map far bigger than the last-level cache, several dependent
+            # misses per insertion. Hashing them first and then probing for them in one tight C
+            # loop lets the CPU overlap those misses; setdefault below finds the slots cached
+            # (1M blocks: 47 -> 37 us per 128 hashes; around 2^19 entries it was a wash).
+            all(map(hash, hashes))
+            cached.keys().isdisjoint(hashes)
+        got = list(map(cached.setdefault, hashes, blocks))
         block_hash, parent_list, depth_list = self.block_hash, self.parent_hash, self.depth
         if got == blocks:     # every block is a new primary
             if self._keep_chain:
