@@ -131,7 +131,9 @@ def _prompt_for(mgr: KVCacheManager, request, block_size: int, checked: bool = F
     hashes = request.block_hashes
     n = len(hashes)
     prompt = mgr.prompt_from_hashes(hashes, n * block_size, checked=checked)
-    return prompt, n, request.input_length - (n - 1) * block_size if n else 0
+    # The last id's block holds the rest of the prompt, at most one block: a kv-cache-tester
+    # request names its full blocks only, and its tail past them is in no block (never a hit).
+    return prompt, n, min(block_size, request.input_length - (n - 1) * block_size) if n else 0
 
 
 def _hints(requests: Sequence) -> list[SessionHint | None]:
