@@ -26,3 +26,24 @@ def test_kvcache_tester_token_hits_never_count_the_unhashed_tail(tmp_path):
         assert (r.block_accesses, r.block_hits) == (2, 1)
         assert r.hit_tokens == 64, mode
         assert r.token_hit_rate == pytest.approx(64 / 200)
+
+
+def _mooncake(path, rows):
+    return _write(path, "".join(json.dumps(dict(zip(("timestamp", "input_length", "output_length", "hash_ids"), r)))
+                                + "\n" for r in rows))
+
+
+def test_concurrent_capacity_bound_covers_what_a_hashed_request_holds(tmp_path):
+    # A hashed request holds its hash ids' blocks (the last one whole) plus its output slots:
+    # 600 prompt tokens at block size 512 are 2 blocks, 100 output tokens a third, though
+    # ceil((600 + 100) / 512) is 2. Three such requests arrive together; at 9 blocks they all run
+    # at once, so the clamp must not go below that (it went to 6, and one request waited).
+    from prefixkv.sim.sweep import capacity_bound
+
+    trace = load_trace(_mooncake(tmp_path / "m.jsonl", [(0, 600, 100, [1, 2]), (0, 600, 100, [3, 4]),
+                                                         (0, 600, 100, [1, 2])]))
+    bound = capacity_bound(trace, "concurrent")
+    at_bound, above = (replay(trace, "lru", c, mode="concurrent").as_dict() for c in (bound, 100))
+    assert above["waited_admissions"] == 0
+    assert {k: v for k, v in at_bound.items() if k != "capacity"} == \
+           {k: v for k, v in above.items() if k != "capacity"}

@@ -58,10 +58,16 @@ class SweepInterrupted(KeyboardInterrupt):
 
 def request_blocks(trace: Trace, mode: str = "cache") -> list[int]:
     """Blocks each request holds while it runs: its prompt (cache mode), plus its output
-    slots (concurrent mode)."""
+    slots (concurrent mode). A hashed request's prompt is its hash ids' blocks, the last one
+    whole, so its output starts a block of its own (as ``replay`` allocates it)."""
     size = trace.block_size
-    with_output = mode == "concurrent"
-    return [-(-(r.input_length + (r.output_length if with_output else 0)) // size) for r in trace.requests]
+    if mode != "concurrent":
+        return [-(-r.input_length // size) for r in trace.requests]
+    out = []
+    for r in trace.requests:
+        prompt = r.input_length if r.block_hashes is None else len(r.block_hashes) * size
+        out.append(max(-(-(r.input_length + r.output_length) // size), -(-(prompt + r.output_length) // size)))
+    return out
 
 
 def capacity_bound(trace: Trace, mode: str = "cache") -> int:
