@@ -228,7 +228,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     capacities, notes = {}, []
     for s in sources:
         if args.capacities == "auto":
-            capacities[s.label], note = auto_capacities(s.load())
+            capacities[s.label], note = auto_capacities(s.load(), mode=args.mode)
             if note:
                 notes.append(f"{s.label}: {note}")
         else:

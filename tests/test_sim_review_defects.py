@@ -47,3 +47,20 @@ def test_concurrent_capacity_bound_covers_what_a_hashed_request_holds(tmp_path):
     assert above["waited_admissions"] == 0
     assert {k: v for k, v in at_bound.items() if k != "capacity"} == \
            {k: v for k, v in above.items() if k != "capacity"}
+
+
+def test_auto_capacities_in_concurrent_mode_fit_every_request_with_its_output(tmp_path):
+    # 1,000 prompt tokens and 600 output tokens at block size 512: 4 blocks held while running.
+    # The auto capacities promise "every request fits"; in concurrent mode they started at 2.
+    from prefixkv.cli import main
+
+    trace = _mooncake(tmp_path / "m.jsonl", [(i * 1000, 1000, 600, [2 * i, 2 * i + 1]) for i in range(20)])
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["compare", "--trace", str(trace), "--mode", "concurrent", "--policies", "lru",
+                     "--workers", "1", "--json"]) == 0
+    rows = json.loads(out.getvalue())["results"]
+    assert rows and all(r["oversized_requests"] == 0 for r in rows)
+    assert min(r["capacity"] for r in rows) == 4

@@ -80,14 +80,16 @@ def capacity_bound(trace: Trace, mode: str = "cache") -> int:
     return max(1, trace.distinct_blocks(include_partial=True) + max(blocks, default=0))
 
 
-def auto_capacities(trace: Trace, fractions: Sequence[float] = AUTO_FRACTIONS) -> tuple[list[int], str | None]:
+def auto_capacities(trace: Trace, fractions: Sequence[float] = AUTO_FRACTIONS,
+                    mode: str = "cache") -> tuple[list[int], str | None]:
     """Capacities as fractions of the trace's distinct blocks (deduplicated, at least 1), starting
-    where the largest request fits; and a note saying so when that moved the start.
+    where the largest request fits (in concurrent mode with its output slots); and a note saying
+    so when that moved the start.
 
     A capacity below the largest request counts that request as all misses, which measures the
     trace's request sizes rather than the policies."""
     distinct = trace.distinct_blocks()
-    largest = max(request_blocks(trace), default=1)
+    largest = max(request_blocks(trace, mode), default=1)
     low, high = distinct * fractions[0], distinct * fractions[-1]
     if largest <= low:
         return sorted({max(1, round(distinct * f)) for f in fractions}), None
