@@ -64,3 +64,19 @@ def test_auto_capacities_in_concurrent_mode_fit_every_request_with_its_output(tm
     rows = json.loads(out.getvalue())["results"]
     assert rows and all(r["oversized_requests"] == 0 for r in rows)
     assert min(r["capacity"] for r in rows) == 4
+
+
+def test_kvcache_tester_entry_with_hash_ids_and_nested_requests_is_refused_not_half_read(tmp_path):
+    # An entry holding both its own hash_ids and nested requests was read as one request and its
+    # nested requests were dropped without a word. It is ambiguous: refuse it, naming the entry.
+    from prefixkv.sim.traces import TraceFormatError
+
+    doc = {"id": "c", "block_size": 4, "requests": [
+        {"t": 0, "in": 8, "out": 1, "hash_ids": [1, 2]},
+        {"t": 1, "in": 8, "out": 1, "hash_ids": [1, 2],
+         "requests": [{"t": 0, "in": 8, "out": 1, "hash_ids": [1, 2]}]}]}
+    path = _write(tmp_path / "c.json", json.dumps(doc))
+    with pytest.raises(TraceFormatError) as err:
+        load_trace(path)
+    assert str(err.value).startswith(f"{path}:1: requests[1]:")
+    assert "hash_ids" in str(err.value) and "requests" in str(err.value)

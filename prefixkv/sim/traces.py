@@ -67,7 +67,8 @@ An optional header object on the first line, then one request per line::
 Validation: every loader stops at the first problem with a
 :class:`TraceFormatError` naming the file and line ("file:line: problem"):
 bad JSON, a missing field, a wrong type, a negative length, a hash count that
-contradicts the length, or a timestamp earlier than the one before (traces
+contradicts the length, a kv-cache-tester entry with both ``hash_ids`` and nested
+``requests``, or a timestamp earlier than the one before (traces
 are never re-sorted silently; inside a kv-cache-tester conversation the check
 is per level: a conversation's requests, and each sub-agent's).
 For a JSON document the line is the line of the offending request, and the
@@ -519,7 +520,10 @@ def _walk(reqs, jpath: tuple, size: int, base: int, offset: float, session: str,
             raise _Problem(here, f"t {t} s is earlier than the previous request's {last_t} s "
                                  "(timestamps must not decrease)")
         last_t = t
-        if "requests" in r and "hash_ids" not in r:         # a sub-agent: flatten its requests
+        if "requests" in r and "hash_ids" in r:
+            raise _Problem(here, "has both 'hash_ids' (a request) and nested 'requests' (a sub-agent); "
+                                 "an entry is one or the other")
+        if "requests" in r:                                  # a sub-agent: flatten its requests
             agent = r.get("agent_id")
             label = f"{session}/{agent if isinstance(agent, str) else i}"
             _walk(r["requests"], here + ("requests",), size, base, offset + t, label, session, out)
