@@ -251,7 +251,7 @@ class SessionPolicy(PolicyBase):
         self._now = now
         self._agroup = self._choice = None
         self._stale = True
-        if self._reuse.open:
+        if self._reuse.open or self._reuse.pending:     # accessed experiments still age until resolved
             self._reuse.age_out(now)
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
