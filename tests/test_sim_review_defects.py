@@ -80,3 +80,20 @@ def test_kvcache_tester_entry_with_hash_ids_and_nested_requests_is_refused_not_h
         load_trace(path)
     assert str(err.value).startswith(f"{path}:1: requests[1]:")
     assert "hash_ids" in str(err.value) and "requests" in str(err.value)
+
+
+def test_kvcache_tester_local_ids_never_collide_with_a_global_file(tmp_path):
+    # File 0's local namespace (k = 0) was the global ids' own: local id 1 of the first file and
+    # global id 1 of another file were taken for the same block (hits that never happened).
+    from prefixkv.sim.traces import load_kvcache_tester
+
+    for stem, scope in (("a", "local"), ("b", "global"), ("c", "global")):
+        doc = {"id": stem, "block_size": 4, "hash_id_scope": scope,
+               "requests": [{"t": 0.0, "in": 8, "out": 1, "hash_ids": [1, 2]}]}
+        _write(tmp_path / f"{stem}.json", json.dumps(doc))
+    trace = load_kvcache_tester(tmp_path)
+    a, b, c = trace.requests
+    assert b.block_hashes == c.block_hashes == [1, 2]          # global ids are shared, as they are
+    assert not set(a.block_hashes) & set(b.block_hashes)
+    assert trace.distinct_blocks() == 4
+    assert replay(trace, "lru", 100).block_hits == 2

@@ -38,7 +38,8 @@ conversation's session label. Each request keeps ``stop`` (why it ended:
 Hash ids are local to a file (``"hash_id_scope": "local"``, the default): file
 number ``k`` (in load order) maps id ``h`` to ``k * 2**40 + h``, so two files'
 equal local ids never collide and the ids stay plain ints (fast dict keys).
-Files with ``"hash_id_scope": "global"`` keep their ids. Every conversation
+Files with ``"hash_id_scope": "global"`` keep their ids (then a local first file,
+whose namespace ``0`` they would share, takes ``len(files) * 2**40 + h``). Every conversation
 starts at ``t = 0``: they run side by side, as concurrent users do, and the
 flattened requests are merged by timestamp with a stable tie-break (file load
 order, then order inside the file). ``stagger=s`` starts conversation ``k`` at
@@ -447,6 +448,8 @@ def load_kvcache_tester(paths: str | os.PathLike | Iterable[str | os.PathLike], 
     requests: list[TraceRequest] = []
     file_block_size: int | None = block_size
     origin = "the caller asked for it"
+    first_local: list[TraceRequest] = []
+    any_global = False
     for index, path in enumerate(files):
         text = _read_text(path)
         try:
@@ -454,7 +457,7 @@ def load_kvcache_tester(paths: str | os.PathLike | Iterable[str | os.PathLike], 
         except json.JSONDecodeError as exc:
             raise _json_error(path, exc) from None
         try:
-            size, reqs = _conversation(doc, index, index * stagger, path.stem)
+            size, reqs, scope = _conversation(doc, index, index * stagger, path.stem)
         except _Problem as problem:
             line, col = _position(text, problem.jpath)
             where = _jpath_text(problem.jpath)
@@ -466,6 +469,15 @@ def load_kvcache_tester(paths: str | os.PathLike | Iterable[str | os.PathLike], 
             raise TraceFormatError(path, _position(text, ("block_size",))[0],
                                    f"block_size {size} differs from {file_block_size} ({origin})")
         requests.extend(reqs)
+        if index == 0 and scope == "local":
+            first_local = reqs
+        elif scope == "global":
+            any_global = True
+    if first_local and any_global:
+        # file 0's namespace (0 << 40) is the global ids' own: move its local ids to one no file uses
+        base = len(files) << NAMESPACE_BITS
+        for r in first_local:
+            r.block_hashes = [base + h for h in r.block_hashes]
     if not requests:
         where = files[0] if len(files) == 1 else files[0].parent
         raise TraceFormatError(where, 1, "no requests: every conversation's \"requests\" list is empty")
@@ -480,7 +492,7 @@ def _timestamp_key(r: TraceRequest) -> float:
     return r.timestamp
 
 
-def _conversation(doc, index: int, offset: float, stem: str) -> tuple[int, list[TraceRequest]]:
+def _conversation(doc, index: int, offset: float, stem: str) -> tuple[int, list[TraceRequest], str]:
     if type(doc) is not dict:
         raise _Problem((), f"expected a JSON object (one conversation), got {_type_name(doc)}")
     if "requests" not in doc:
@@ -498,7 +510,7 @@ def _conversation(doc, index: int, offset: float, stem: str) -> tuple[int, list[
     session = session if isinstance(session, str) else stem
     out: list[TraceRequest] = []
     _walk(doc["requests"], ("requests",), size, base, offset, session, None, out)
-    return size, out
+    return size, out, scope
 
 
 def _walk(reqs, jpath: tuple, size: int, base: int, offset: float, session: str, parent: str | None,
