@@ -48,8 +48,9 @@ Implementations (``impl=``):
 * ``"cuda"``: the CuPy raw kernels of ``prefixkv.kv.cuda_kernels``
   (``paged_attention_cuda(query, k_pool, v_pool, block_tables, seq_lens, scale,
   query_start_loc=None, return_lse=False)``), CUDA tensors only.
-* ``"auto"`` (default): ``"cuda"`` when the query is a CUDA tensor, ``cupy`` imports
-  and the kernels cover the shape; ``"torch"`` otherwise. If
+* ``"auto"`` (default): ``"cuda"`` when the query is a CUDA tensor, ``cupy`` imports,
+  the kernels cover the shape and can read the pools in place (contiguous, 16-byte
+  aligned); ``"torch"`` otherwise. If
   ``prefixkv.kv.cuda_kernels`` cannot be imported, a warning is issued once and the
   torch path runs.
 
@@ -517,11 +518,18 @@ def _load_cuda_kernels(*, warn: bool):
     return paged_attention_cuda
 
 
-def _kernel_covers(query, k_pool) -> bool:
-    """The shapes the issue promises the CUDA kernels (others go to the torch path under "auto")."""
+def _kernel_covers(query, k_pool, v_pool) -> bool:
+    """The shapes the issue promises the CUDA kernels (others go to the torch path under "auto").
+
+    The kernels also read the pools in place with 16-byte vector loads, so pools that are strided
+    views (K and V interleaved in one allocation) or not 16-byte aligned go to the torch path too;
+    copying a whole pool per call is not an option. The query and ``out`` can be copied: see
+    ``_run_cuda``."""
     try:
         from prefixkv.kv import cuda_kernels
     except ImportError:
+        return False
+    if not all(p.is_contiguous() and p.data_ptr() % 16 == 0 for p in (k_pool, v_pool)):
         return False
     supports = getattr(cuda_kernels, "supports", None)
     if supports is not None:
@@ -562,7 +570,7 @@ def paged_attention(query, kv_store, layer, block_tables, seq_lens, scale=None, 
     if impl == "auto":
         impl = "torch"
         if isinstance(query, torch.Tensor) and query.is_cuda and _cupy_available() \
-                and _load_cuda_kernels(warn=True) is not None and _kernel_covers(query, k_pool):
+                and _load_cuda_kernels(warn=True) is not None and _kernel_covers(query, k_pool, v_pool):
             impl = "cuda"
     if impl == "reference":
         return paged_attention_reference(query, k_pool, v_pool, block_tables, seq_lens, scale, query_start_loc,

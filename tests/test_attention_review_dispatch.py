@@ -1,0 +1,122 @@
+"""``paged_attention`` on CUDA tensors (impl "auto" / "cuda") with the inputs a generation loop hands it.
+
+Without a GPU, the CUDA kernels run through the CPU emulator (tests/cuda_emu) behind the same entry
+points the CuPy path has (``cuda_kernels.paged_attention_cuda`` / ``launch_paged_attention``), on
+CPU tensors that report ``is_cuda``. The emulated launcher enforces the kernels' own contract
+(``check_inputs``: contiguous, 16-byte aligned), as the CuPy launcher does.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from prefixkv.kv import attention as attn  # noqa: E402
+from prefixkv.kv import cuda_kernels as ck  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cuda_emu import harness  # noqa: E402
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
+              pytest.mark.skipif(harness.available() is not None,
+                                 reason=f"CPU emulation unavailable: {harness.available()}")]
+
+
+class FakeCuda(torch.Tensor):
+    """A CPU tensor that says it is on a CUDA device (what the dispatch looks at)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def cuda(t):
+    return t.as_subclass(FakeCuda)
+
+
+@pytest.fixture(scope="module")
+def emulated(request):
+    source = Path(__file__).resolve().parent.parent / "kernels" / ck.SOURCE
+    return harness.build(source, ck.all_kernel_names())
+
+
+@pytest.fixture
+def kernels_on_cpu(monkeypatch, emulated):
+    """Route cuda_kernels' launchers to the emulator; record each call."""
+    calls = []
+
+    def launch(query, k_pool, v_pool, block_tables, seq_lens, scale, query_start_loc=None, return_lse=False, *,
+               out=None, lse=None, num_splits=None, rows=None, poison=True):
+        def arr(t):
+            return None if t is None else t.as_subclass(torch.Tensor).numpy()
+
+        res, _ = harness.emulated_paged_attention(
+            emulated, arr(query), arr(k_pool), arr(v_pool), arr(block_tables), arr(seq_lens), scale,
+            arr(query_start_loc), return_lse, dtype="float16", out=arr(out), lse=arr(lse), poison=poison)
+        calls.append(1)
+        if return_lse:
+            o, l = res
+            return (out if out is not None else cuda(torch.from_numpy(o))), cuda(torch.from_numpy(l))
+        return out if out is not None else cuda(torch.from_numpy(res))
+
+    def plain(query, k_pool, v_pool, block_tables, seq_lens, scale, query_start_loc=None, return_lse=False):
+        return launch(query, k_pool, v_pool, block_tables, seq_lens, scale, query_start_loc, return_lse)
+
+    monkeypatch.setattr(attn, "_cupy_available", lambda: True)
+    monkeypatch.setattr(ck, "launch_paged_attention", launch)
+    monkeypatch.setattr(ck, "paged_attention_cuda", plain)
+    return calls
+
+
+def problem(seed=0, *, B=16, Hkv=2, G=4, d=64, lens=(5, 16, 40), extend=False):
+    gen = torch.Generator().manual_seed(seed)
+    needs = [-(-L // B) for L in lens]
+    num_blocks = sum(needs) + 2
+    # K and V interleaved in one allocation [num_blocks, 2, B, Hkv, d] (a common fused layout):
+    # each pool is a strided view.
+    kv = torch.randn(num_blocks, 2, B, Hkv, d, generator=gen).half()
+    perm = torch.randperm(num_blocks, generator=gen)
+    tables = torch.zeros(len(lens), max(needs) + 1, dtype=torch.int32)
+    used = 0
+    for i, n in enumerate(needs):
+        tables[i, :n] = perm[used:used + n].int()
+        used += n
+    q_lens = [min(L, 3) for L in lens] if extend else [1] * len(lens)
+    tokens = sum(q_lens)
+    # q of a fused qkv projection: a strided view [tokens, Hq, d] of [tokens, (Hq + 2 Hkv) * d].
+    Hq = Hkv * G
+    qkv = torch.randn(tokens, (Hq + 2 * Hkv) * d, generator=gen).half()
+    query = qkv[:, :Hq * d].view(tokens, Hq, d)
+    starts = torch.tensor(np.cumsum([0] + q_lens), dtype=torch.int32) if extend else None
+    return query, kv[:, 0], kv[:, 1], tables, torch.tensor(lens, dtype=torch.int32), starts
+
+
+def test_auto_on_cuda_with_strided_pools_takes_the_torch_path(kernels_on_cpu):
+    """Pools that are strided views cannot be read by the kernels in place (and copying a pool per
+    call is out of the question): "auto" runs the torch path, "cuda" refuses naming the pools."""
+    query, k_pool, v_pool, tables, lens, starts = problem(seed=1)
+    assert not k_pool.is_contiguous()
+    want = attn.paged_attention_reference(query, k_pool, v_pool, tables, lens, None)
+    got = attn.paged_attention(cuda(query), (cuda(k_pool), cuda(v_pool)), None, tables, lens)
+    assert not kernels_on_cpu
+    torch.testing.assert_close(got.as_subclass(torch.Tensor).float(), want.float(), atol=3e-3, rtol=3e-3)
+    with pytest.raises(ValueError, match="contiguous K and V pools"):
+        attn.paged_attention(cuda(query), (cuda(k_pool), cuda(v_pool)), None, tables, lens, impl="cuda")
+
+
+def test_auto_on_cuda_with_misaligned_pools_takes_the_torch_path(kernels_on_cpu):
+    query, k_pool, v_pool, tables, lens, starts = problem(seed=2)
+    flat = torch.empty(k_pool.numel() + 1, dtype=k_pool.dtype)
+    k_odd = flat[1:].view(k_pool.shape)                     # contiguous, 2 bytes off 16-byte alignment
+    k_odd.copy_(k_pool)
+    v_pool = v_pool.contiguous()
+    want = attn.paged_attention_reference(query, k_odd, v_pool, tables, lens, None)
+    got = attn.paged_attention(cuda(query.contiguous()), (cuda(k_odd), cuda(v_pool)), None, tables, lens)
+    assert not kernels_on_cpu
+    torch.testing.assert_close(got.as_subclass(torch.Tensor).float(), want.float(), atol=3e-3, rtol=3e-3)
