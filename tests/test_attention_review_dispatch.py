@@ -97,6 +97,36 @@ def problem(seed=0, *, B=16, Hkv=2, G=4, d=64, lens=(5, 16, 40), extend=False):
     return query, kv[:, 0], kv[:, 1], tables, torch.tensor(lens, dtype=torch.int32), starts
 
 
+@pytest.mark.parametrize("extend", [False, True])
+def test_auto_on_cuda_takes_strided_queries_and_outputs(kernels_on_cpu, extend):
+    """A query sliced out of a fused qkv projection and an ``out`` that is a slice of a bigger buffer
+    are ordinary tensors to a generation loop: the kernel path must take them (the torch path does)."""
+    query, k_pool, v_pool, tables, lens, starts = problem(extend=extend)
+    k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
+    want, want_lse = attn.paged_attention_reference(query, k_pool, v_pool, tables, lens, None, starts,
+                                                    return_lse=True)
+    assert not query.is_contiguous()
+    got, lse = attn.paged_attention(cuda(query), (cuda(k_pool), cuda(v_pool)), None, tables, lens,
+                                    query_start_loc=starts, return_lse=True)
+    assert kernels_on_cpu, "the kernels ran"
+    torch.testing.assert_close(got.as_subclass(torch.Tensor).float(), want.float(), atol=3e-3, rtol=3e-3)
+    torch.testing.assert_close(lse.as_subclass(torch.Tensor), want_lse, atol=1e-3, rtol=1e-4)
+
+    buffer = torch.full((query.shape[0], query.shape[1], 2 * query.shape[2]), float("nan"), dtype=query.dtype)
+    out = buffer[..., :query.shape[2]]                      # strided: every row is half a buffer row
+    result = attn.paged_attention(cuda(query), (cuda(k_pool), cuda(v_pool)), None, tables, lens,
+                                  query_start_loc=starts, impl="cuda", out=cuda(out))
+    assert result.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(out.float(), want.float(), atol=3e-3, rtol=3e-3)
+    assert torch.isnan(buffer[..., query.shape[2]:]).all(), "only the out view was written"
+
+    flat = torch.empty(query.numel() + 1, dtype=query.dtype)
+    odd = flat[1:].view(query.shape)                       # contiguous, 2 bytes off 16-byte alignment
+    odd.copy_(query)
+    got = attn.paged_attention(cuda(odd), (cuda(k_pool), cuda(v_pool)), None, tables, lens, query_start_loc=starts)
+    torch.testing.assert_close(got.as_subclass(torch.Tensor).float(), want.float(), atol=3e-3, rtol=3e-3)
+
+
 def test_auto_on_cuda_with_strided_pools_takes_the_torch_path(kernels_on_cpu):
     """Pools that are strided views cannot be read by the kernels in place (and copying a pool per
     call is out of the question): "auto" runs the torch path, "cuda" refuses naming the pools."""

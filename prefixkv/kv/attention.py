@@ -47,7 +47,8 @@ Implementations (``impl=``):
   to their longest sequence and masked. Runs on any torch device.
 * ``"cuda"``: the CuPy raw kernels of ``prefixkv.kv.cuda_kernels``
   (``paged_attention_cuda(query, k_pool, v_pool, block_tables, seq_lens, scale,
-  query_start_loc=None, return_lse=False)``), CUDA tensors only.
+  query_start_loc=None, return_lse=False)``), CUDA tensors only. A strided or misaligned
+  query is copied first and a strided ``out`` written through a contiguous temporary.
 * ``"auto"`` (default): ``"cuda"`` when the query is a CUDA tensor, ``cupy`` imports,
   the kernels cover the shape and can read the pools in place (contiguous, 16-byte
   aligned); ``"torch"`` otherwise. If
@@ -600,8 +601,17 @@ def _run_cuda(query, k_pool, v_pool, block_tables, seq_lens, scale, query_start_
     starts = None if query_start_loc is None else \
         _as_int_tensor(query_start_loc, "query_start_loc", device).to(torch.int32).contiguous()
     _, _, scale = _check_shapes(query, k_pool, v_pool, tables, lens, scale, starts, out)
+    # The kernels read the query with 16-byte vector loads and write ``out`` densely: a query sliced
+    # out of a fused projection (strided, or at an odd offset) is copied, and a strided ``out`` is
+    # written through a contiguous temporary, rather than refused.
+    if not query.is_contiguous() or query.data_ptr() % 16:
+        query = query.clone(memory_format=torch.contiguous_format)
     if out is None:
         return kernel(query, k_pool, v_pool, tables, lens, scale, query_start_loc=starts, return_lse=return_lse)
     from prefixkv.kv.cuda_kernels import launch_paged_attention  # writes straight into ``out``
 
-    return launch_paged_attention(query, k_pool, v_pool, tables, lens, scale, starts, return_lse, out=out)
+    if out.is_contiguous():
+        return launch_paged_attention(query, k_pool, v_pool, tables, lens, scale, starts, return_lse, out=out)
+    result = launch_paged_attention(query, k_pool, v_pool, tables, lens, scale, starts, return_lse)
+    out.copy_(result[0] if return_lse else result)
+    return (out, result[1]) if return_lse else out
