@@ -150,3 +150,43 @@ def test_auto_on_cuda_with_misaligned_pools_takes_the_torch_path(kernels_on_cpu)
     got = attn.paged_attention(cuda(query.contiguous()), (cuda(k_odd), cuda(v_pool)), None, tables, lens)
     assert not kernels_on_cpu
     torch.testing.assert_close(got.as_subclass(torch.Tensor).float(), want.float(), atol=3e-3, rtol=3e-3)
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """cuda_kernels' launchers replaced by one that fails the test: nothing may reach a kernel."""
+    def launch(*args, **kwargs):
+        raise AssertionError("the kernel was launched with metadata that should have been refused")
+
+    monkeypatch.setattr(attn, "_cupy_available", lambda: True)
+    monkeypatch.setattr(ck, "launch_paged_attention", launch)
+    monkeypatch.setattr(ck, "paged_attention_cuda", launch)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(seq_lens=[5, 16, 99]), "columns"),                       # past the table: the kernel would read
+    (dict(seq_lens=[5, -1, 40]), "negative"),                      # beyond the row / another sequence's blocks
+    (dict(query_start_loc=[0, 1, 8, 8], seq_lens=[5, 16, 40], extend=True), "from 0 to the"),
+    (dict(query_start_loc=[0, 3, 2, 9], seq_lens=[5, 16, 40], extend=True), "decreases"),
+    (dict(query_start_loc=[0, 3, 9, 9], seq_lens=[5, 4, 40], extend=True), "new queries"),
+])
+def test_host_metadata_is_checked_when_the_block_tables_are_on_the_device(no_launch, change, match):
+    """Block tables kept on the device (built once per step) with seq_lens / query_start_loc given
+    from the host: the host values are checked (no synchronisation needed) before any launch."""
+    query, k_pool, v_pool, tables, lens, starts = problem(seed=3, extend=change.get("extend", False))
+    query, k_pool, v_pool = query.contiguous(), k_pool.contiguous(), v_pool.contiguous()
+    assert query.shape[0] == (9 if change.get("extend") else 3)
+    with pytest.raises(ValueError, match=match):
+        attn.paged_attention(cuda(query), (cuda(k_pool), cuda(v_pool)), None, cuda(tables), change["seq_lens"],
+                             query_start_loc=change.get("query_start_loc"))
+
+
+@pytest.mark.parametrize("extend", [False, True])
+def test_device_tables_with_host_lengths_still_run(kernels_on_cpu, extend):
+    query, k_pool, v_pool, tables, lens, starts = problem(seed=4, extend=extend)
+    k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
+    want = attn.paged_attention_reference(query, k_pool, v_pool, tables, lens, None, starts)
+    got = attn.paged_attention(cuda(query), (cuda(k_pool), cuda(v_pool)), None, cuda(tables), lens.tolist(),
+                               query_start_loc=None if starts is None else starts.tolist())
+    assert kernels_on_cpu
+    torch.testing.assert_close(got.as_subclass(torch.Tensor).float(), want.float(), atol=3e-3, rtol=3e-3)

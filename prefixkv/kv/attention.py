@@ -57,9 +57,10 @@ Implementations (``impl=``):
 
 Value checks (lengths against the tables, block ids in range, query offsets)
 read the metadata on the host; the torch and reference paths need it there
-anyway. The CUDA path checks shapes and dtypes always and values only when the
-metadata is given on the CPU, so a step with device-resident metadata never
-synchronises.
+anyway. The CUDA path checks shapes and dtypes always and values only where the
+metadata is given on the CPU (all of it: every check; block tables on the device
+with lengths or query offsets from the host: those lengths and offsets), so a step
+with device-resident metadata never synchronises.
 """
 
 from __future__ import annotations
@@ -168,10 +169,10 @@ def _check_shapes(query, k_pool, v_pool, block_tables, seq_lens, scale, query_st
     return num_seqs, q_heads // kv_heads, scale
 
 
-def _check_values(tables: torch.Tensor, seq_lens: list[int], starts: list[int] | None, num_tokens: int,
-                  block_size: int, num_blocks: int) -> None:
-    width = tables.shape[1]
-    for i, n in enumerate(seq_lens):
+def _check_lengths(width: int, seq_lens: list[int] | None, starts: list[int] | None, num_tokens: int,
+                   block_size: int) -> None:
+    """Lengths against the table width, query offsets against the rows and lengths (either may be None)."""
+    for i, n in enumerate(seq_lens or ()):
         if n < 0:
             raise ValueError(f"seq_lens[{i}] = {n} is negative")
         if n > width * block_size:
@@ -181,13 +182,19 @@ def _check_values(tables: torch.Tensor, seq_lens: list[int], starts: list[int] |
         if starts[0] != 0 or starts[-1] != num_tokens:
             raise ValueError(f"query_start_loc must run from 0 to the {num_tokens} query rows, "
                              f"got {starts[0]} .. {starts[-1]}")
-        for i in range(len(seq_lens)):
+        for i in range(len(starts) - 1):
             q_len = starts[i + 1] - starts[i]
             if q_len < 0:
                 raise ValueError(f"query_start_loc decreases at sequence {i}")
-            if q_len > seq_lens[i]:
+            if seq_lens is not None and q_len > seq_lens[i]:
                 raise ValueError(f"sequence {i} has {q_len} new queries but seq_lens[{i}] = {seq_lens[i]} "
                                  "(seq_lens counts the new tokens too)")
+
+
+def _check_values(tables: torch.Tensor, seq_lens: list[int], starts: list[int] | None, num_tokens: int,
+                  block_size: int, num_blocks: int) -> None:
+    width = tables.shape[1]
+    _check_lengths(width, seq_lens, starts, num_tokens, block_size)
     if tables.numel():
         needed = torch.tensor([-(-n // block_size) for n in seq_lens], dtype=torch.int64)
         cpu = tables.cpu()
@@ -582,6 +589,10 @@ def paged_attention(query, kv_store, layer, block_tables, seq_lens, scale=None, 
     return _run_cuda(query, k_pool, v_pool, block_tables, seq_lens, scale, query_start_loc, return_lse, out)
 
 
+def _on_device(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_cuda
+
+
 def _run_cuda(query, k_pool, v_pool, block_tables, seq_lens, scale, query_start_loc, return_lse, out):
     if not isinstance(query, torch.Tensor) or not query.is_cuda:
         raise ValueError("impl='cuda' needs CUDA tensors (the query is not on a CUDA device)")
@@ -591,8 +602,7 @@ def _run_cuda(query, k_pool, v_pool, block_tables, seq_lens, scale, query_start_
     if not (k_pool.is_contiguous() and v_pool.is_contiguous()):
         raise ValueError("impl='cuda' needs contiguous K and V pools (KVStore's are)")
     device = query.device
-    metadata_on_host = [not (isinstance(x, torch.Tensor) and x.is_cuda)
-                        for x in (block_tables, seq_lens, query_start_loc) if x is not None]
+    metadata_on_host = [not _on_device(x) for x in (block_tables, seq_lens, query_start_loc) if x is not None]
     if all(metadata_on_host):
         # Cheap here (no device sync): full checks, then one copy of the metadata to the device.
         _prepare(query, k_pool, v_pool, block_tables, seq_lens, scale, query_start_loc, out)
@@ -601,6 +611,17 @@ def _run_cuda(query, k_pool, v_pool, block_tables, seq_lens, scale, query_start_
     starts = None if query_start_loc is None else \
         _as_int_tensor(query_start_loc, "query_start_loc", device).to(torch.int32).contiguous()
     _, _, scale = _check_shapes(query, k_pool, v_pool, tables, lens, scale, starts, out)
+    if not all(metadata_on_host) and any(metadata_on_host):
+        # Part of the metadata is on the device (say the block tables) and part on the host: check
+        # the host part, which needs no synchronisation. The kernels trust lengths and offsets; a
+        # wrong one reads past a table row (another sequence's blocks, or out of bounds).
+        def host_list(value, what):
+            if value is None or _on_device(value):
+                return None
+            return [int(x) for x in _as_int_tensor(value, what, torch.device("cpu")).tolist()]
+
+        _check_lengths(tables.shape[1], host_list(seq_lens, "seq_lens"), host_list(query_start_loc, "query_start_loc"),
+                       query.shape[0], k_pool.shape[1])
     # The kernels read the query with 16-byte vector loads and write ``out`` densely: a query sliced
     # out of a fused projection (strided, or at an odd offset) is copied, and a strided ``out`` is
     # written through a contiguous temporary, rather than refused.
