@@ -221,6 +221,17 @@ def test_extend_block_sizes_poisoned(B):
         check(case, *BACKENDS[impl](*case.args(), return_lse=True), what=f"{impl} B={B}")
 
 
+@pytest.mark.parametrize("chunk_bytes", [1, 4 * 8 * 40])
+def test_extend_lse_in_row_chunks_matches_dense(monkeypatch, chunk_bytes):
+    """A long prefill's lse is taken a few query rows at a time (never its whole [Hq, n, L] scores):
+    chunks of one row and of five rows give the dense lse, across causal positions and sequences."""
+    from prefixkv.kv import attention
+
+    monkeypatch.setattr(attention, "_LSE_CHUNK_BYTES", chunk_bytes)
+    case = make_case([37, 40, 9], [37, 12, 1], B=8, Hkv=2, G=4, d=16, seed=7)
+    check(case, *attention.paged_attention_torch(*case.args(), return_lse=True), what=f"chunks of {chunk_bytes} B")
+
+
 def test_extend_of_one_token_equals_decode():
     lens = [1, 9, 16, 17]
     decode = make_case(lens, B=8, G=4, seed=4)

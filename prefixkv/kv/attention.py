@@ -467,12 +467,29 @@ def _extend_torch(query, k_pool, v_pool, batch: _Batch, out, lse) -> None:
             o = F.scaled_dot_product_attention(q, k_r, v_r, attn_mask=mask, is_causal=causal, scale=batch.scale)
         out[start:stop] = o[0].transpose(0, 1)
         if lse is not None:
-            qg = q[0].float().reshape(H, G, n, d)
-            s = torch.matmul(qg, k[0].float()[:, None].transpose(-1, -2)) * batch.scale     # [H, G, n, L]
-            if n > 1:
-                position = torch.arange(L - n, L, device=device)
-                s = torch.where(torch.arange(L, device=device)[None, :] <= position[:, None], s, _NEG_INF)
-            lse[start:stop] = torch.logsumexp(s, dim=-1).reshape(Hq, n).transpose(0, 1)
+            _extend_lse(q[0], k[0], batch, L, lse[start:stop])
+
+
+# Scores held at once for an extend's lse: rows are taken in chunks so a long prefill never builds
+# its whole [Hq, n, L] float32 score matrix (a 32k-token prefill would need ~128 GB).
+_LSE_CHUNK_BYTES = 64 << 20
+
+
+def _extend_lse(q, k, batch: _Batch, L: int, lse) -> None:
+    """``lse[t]`` for the rows of one extend: q [Hq, n, d] at positions L - n .. L - 1, k [H, L, d]."""
+    H, G, d = batch.kv_heads, batch.group, batch.head_dim
+    n = q.shape[1]
+    device = q.device
+    keys = k.float()[:, None].transpose(-1, -2)                                       # [H, 1, d, L]
+    rows = max(1, _LSE_CHUNK_BYTES // (4 * batch.q_heads * max(L, 1)))
+    for first in range(0, n, rows):
+        last = min(n, first + rows)
+        qg = q[:, first:last].float().reshape(H, G, last - first, d)
+        s = torch.matmul(qg, keys) * batch.scale                                      # [H, G, rows, L]
+        if n > 1:
+            position = torch.arange(L - n + first, L - n + last, device=device)
+            s = torch.where(torch.arange(L, device=device)[None, :] <= position[:, None], s, _NEG_INF)
+        lse[first:last] = torch.logsumexp(s, dim=-1).reshape(batch.q_heads, last - first).transpose(0, 1)
 
 
 def paged_attention_torch(query, k_pool, v_pool, block_tables, seq_lens, scale=None, query_start_loc=None,
