@@ -22,7 +22,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import xxhash
 
-from .errors import InvalidArgument, InvalidTokens
+from .errors import HashMismatch, InvalidArgument, InvalidTokens
 
 # 4-byte unsigned integer array typecode on this platform ("I" almost everywhere).
 TOKEN_TYPECODE = next(code for code in "ILH" if array(code).itemsize == 4)
@@ -257,17 +257,32 @@ class BlockHasher:
 _PLAIN_HASH_TYPES = frozenset((int, bytes))
 
 
+def repeated_hash(hashes: list) -> str | None:
+    """What is wrong if ``hashes`` (hashable) holds one value twice, else None. A prefix chain never
+    does (each hash covers its whole prefix), and the pool counts a prefix match's blocks as
+    distinct: a repeat would hold one block twice on one reference."""
+    if len(set(hashes)) == len(hashes):
+        return None
+    first: dict = {}
+    for i, h in enumerate(hashes):
+        j = first.setdefault(h, i)
+        if j != i:
+            return f"block hash {i} ({h!r}) repeats block hash {j}: a prefix chain never holds one hash twice"
+    return None
+
+
 def as_hash_list(block_hashes: Sequence[object]) -> list[object]:
-    """Precomputed hashes as a list, rejecting unhashable or None entries."""
+    """Precomputed hashes as a list, rejecting unhashable or None entries and repeats
+    (``HashMismatch``)."""
     out = list(block_hashes)
     # Fast accept at C speed: ints (trace hash ids) and bytes (digests) are hashable and not None,
     # and their types are told without touching their values. Anything else is checked as a set
     # (C speed), and only a bad entry is looked for one by one.
     if set(map(type, out)) <= _PLAIN_HASH_TYPES:
-        return out
+        return _no_repeats(out)
     try:
         if None not in set(out):
-            return out
+            return _no_repeats(out)
     except TypeError:
         pass
     for i, h in enumerate(out):
@@ -277,4 +292,11 @@ def as_hash_list(block_hashes: Sequence[object]) -> list[object]:
             hash(h)
         except TypeError as exc:
             raise ValueError(f"block hash {i} ({type(h).__name__}) is not hashable") from exc
-    return out
+    return _no_repeats(out)
+
+
+def _no_repeats(hashes: list) -> list:
+    problem = repeated_hash(hashes)
+    if problem is not None:
+        raise HashMismatch(problem)
+    return hashes

@@ -336,6 +336,21 @@ def test_hash_counts_that_contradict_the_length(hashes, n):
         mgr.prompt_from_hashes(hashes, n)
 
 
+def test_precomputed_hashes_that_repeat_are_refused_before_they_can_share_a_block_twice():
+    """A prefix chain never repeats a hash; a list that does would map one block twice into a
+    table on a single reference (the pool counts a match's blocks as distinct)."""
+    mgr = make()
+    mgr.admit("a", mgr.prompt_from_hashes([1, 2, 3, 4], 16))
+    mgr.free("a")
+    before = mgr.pool.snapshot()
+    with pytest.raises(HashMismatch, match=r"block hash 2 \(1\) repeats block hash 0"):
+        mgr.prompt_from_hashes([1, 2, 1, 3], 16)
+    with pytest.raises(HashMismatch, match="repeats"):
+        mgr.prompt_from_hashes((b"x", b"y", b"x"), 12)
+    assert mgr.pool.snapshot() == before
+    mgr.check_invariants()
+
+
 # -- verification mode ----------------------------------------------------------------------------
 
 def _colliding(mgr):

@@ -65,6 +65,7 @@ def test_mooncake_loads_and_converts_ms(tmp_path):
     (mooncake(5, 10, "1"), 2, ["hash_ids", "array"]),
     (mooncake(5, 10, ["a"]), 2, ["hash_ids", "element 0"]),
     (mooncake(5, 10, [True]), 2, ["hash_ids", "boolean"]),
+    (mooncake(5, 1100, [4, 5, 4]), 2, ["hash_ids", "block hash 2 (4) repeats block hash 0"]),
 ])
 def test_mooncake_malformed_names_file_and_line(tmp_path, bad, line, words):
     path = write_lines(tmp_path / "bad.jsonl", [mooncake(0, 10, [7]), bad, mooncake(9, 10, [7])])
@@ -166,6 +167,7 @@ def test_kvcache_tester_accepts_floor_and_ceil_hash_counts(tmp_path):
     (lambda r: r.update({"out": -1}), ["negative", "'out'"]),
     (lambda r: r.update({"hash_ids": [1, 2, 3, 4, 5]}), ["5 hash id(s) contradict 9", "expected 2 or 3"]),
     (lambda r: r.update({"hash_ids": [1, -2]}), ["hash_ids", "below 0"]),
+    (lambda r: r.update({"hash_ids": [3, 3]}), ["hash_ids", "block hash 1 (3) repeats block hash 0"]),
     (lambda r: r.update({"in": "9"}), ["'in'", "string"]),
     (lambda r: r.update({"t": 0.5}), ["earlier", "must not decrease"]),
 ])

@@ -94,6 +94,7 @@ from pathlib import Path
 from typing import Hashable, Iterable, Iterator, Sequence
 
 from ..errors import PrefixKVError
+from ..hashing import repeated_hash
 
 __all__ = [
     "TraceRequest", "Trace", "TraceFormatError", "load_trace", "load_mooncake", "load_kvcache_tester",
@@ -340,7 +341,7 @@ def load_mooncake(path: str | os.PathLike, block_size: int = MOONCAKE_BLOCK_SIZE
             raise TraceFormatError(path, lineno, f"field {key!r} is negative ({obj[key]})")
         problem = _blocks_problem(len(ids), n, block_size, "ceil")
         if problem is None:
-            problem = _bad_int_list(ids)
+            problem = _bad_int_list(ids) or repeated_hash(ids)
             if problem is not None:
                 problem = f"field 'hash_ids': {problem}"
         if problem is not None:
@@ -553,7 +554,7 @@ def _walk(reqs, jpath: tuple, size: int, base: int, offset: float, session: str,
             raise _Problem(here, f"field 'hash_ids' is {_type_name(ids)}, expected an array of integers")
         problem = _blocks_problem(len(ids), n, size, "either")
         if problem is None:
-            problem = _bad_int_list(ids, 0, _MAX_LOCAL_ID)
+            problem = _bad_int_list(ids, 0, _MAX_LOCAL_ID) or repeated_hash(ids)
             if problem is not None:
                 problem = f"field 'hash_ids': {problem}"
         if problem is not None:
