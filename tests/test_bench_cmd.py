@@ -466,3 +466,23 @@ def test_means_are_over_time_so_a_quiet_spell_counts(tmp_path):
     assert per_step > 0.5 and summary["concurrency_mean"] < 0.01
     usage = summary["usage_mean"]
     assert abs(usage["active"] + usage["evictable"] + usage["free"] - 1.0) < 1e-9
+
+
+def test_placeholder_tokens_differ_for_ids_sharing_a_prefix_and_agree_across_processes():
+    """String ids were reduced to their first 8 bytes ("request-1" and "request-2" got the same
+    tokens, so their outputs' KV would hit each other), other ids went through the per-process
+    salted hash()."""
+    import subprocess
+    import sys
+
+    from prefixkv.bench.costmodel import placeholder_token
+
+    ids = [f"request-{i}" for i in range(20)]
+    tokens = [tuple(placeholder_token(r, i) for i in range(8)) for r in ids]
+    assert len(set(tokens)) == len(ids)
+    here = [placeholder_token(r, 3) for r in ids + [("tenant", 7)]]
+    code = ("from prefixkv.bench.costmodel import placeholder_token as p; "
+            f"print([p(r, 3) for r in {ids + [('tenant', 7)]!r}])")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "123", "PATH": ""})
+    assert other.stdout.strip() == str(here)

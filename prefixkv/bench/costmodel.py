@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Hashable, Mapping, Sequence
 
+import xxhash
+
 from ..costs import CostParams
 from ..engine.plan import StepOutput, StepPlan
 
@@ -90,9 +92,14 @@ class CostModel:
 
 
 def placeholder_token(request_id: Hashable, index: int, vocab: int = 32_000) -> int:
-    """A deterministic stand-in output token (no model): a mix of the request id and position."""
-    h = (hash(request_id) if not isinstance(request_id, (int, str)) else
-         (request_id if isinstance(request_id, int) else int.from_bytes(request_id.encode()[:8].ljust(8, b"\0"), "little")))
+    """A deterministic stand-in output token (no model): a mix of the request id and position. The
+    same in every process (no ``hash()``, which is salted per process for strings), and different for
+    ids that share a prefix ("request-1", "request-2")."""
+    if isinstance(request_id, int):
+        h = request_id
+    else:
+        text = request_id if isinstance(request_id, str) else repr(request_id)
+        h = xxhash.xxh3_64_intdigest(text.encode())
     x = (h * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9 + 0x94D049BB133111EB) & (2**64 - 1)
     x ^= x >> 31
     return int(x % vocab)
