@@ -126,3 +126,24 @@ def test_cache_reset_clears_the_index_and_routing_follows_the_cache(fleet):
     assert decision.worker_id == "w2" and decision.overlap_blocks == 6
     workers[2].send(op="reset")
     _wait_until(router, lambda: router.index.blocks_of("w2") == set())
+
+@pytest.mark.parametrize("kwargs", [dict(router="no-such-router"), dict(hash_algorithm="md5"), dict(block_size=0)])
+def test_a_refused_fleet_router_leaves_no_zmq_context_behind(monkeypatch, kwargs):
+    """The arguments are checked before the subscriber makes its ZMQ context (a context nobody
+    holds is never terminated)."""
+    import zmq
+
+    from prefixkv.fleet import subscriber
+
+    made = []
+
+    class Counting(zmq.Context):
+        def __init__(self, *args, **kw):
+            made.append(self)
+            super().__init__(*args, **kw)
+
+    monkeypatch.setattr(subscriber.zmq, "Context", Counting)
+    options = dict(block_size=16, hash_seed=0) | kwargs
+    with pytest.raises((ValueError, KeyError)):
+        subscriber.FleetRouter(**options)
+    assert made == []

@@ -296,11 +296,13 @@ class FleetRouter:
     def __init__(self, router: str = "kv-aware+guard", *, block_size: int, hash_seed: int,
                  fingerprint: str = "", hash_algorithm: str = "xxh3_128", predict_ttl_s: float = 30.0,
                  on_decision: Callable[[Decision], None] | None = None, **router_options) -> None:
+        # Everything that can refuse the arguments comes before the subscriber's ZMQ context, which
+        # nobody could close if the constructor raised after making it.
         self.index = KVIndex(predict_ttl=predict_ttl_s)
-        self.subscriber = FleetSubscriber(self.index)
         self.router = make_router(router, self.index, RouterConfig(block_size=block_size, fingerprint=fingerprint,
                                                                    **router_options))
         self.hasher = BlockHasher(block_size, seed=hash_seed, algorithm=hash_algorithm)
+        self.subscriber = FleetSubscriber(self.index)
         self.on_decision = on_decision
         self._dispatched: dict[str, tuple[str, int]] = {}   # worker -> (incarnation, tokens sent since its heartbeat)
 
