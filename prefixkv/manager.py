@@ -34,7 +34,8 @@ import numpy as np
 from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidArgument, InvalidTokens,
                      InvariantViolation, NoHostBlocks, OutOfBlocks, SequencePreempted, SequenceTooLong, UnknownSequence)
 from .events import KVEvent
-from .hashing import NO_EXTRA_KEYS, TOKEN_TYPECODE, BlockHasher, ExtraKeys, as_hash_list, encode_tokens
+from .hashing import (NO_EXTRA_KEYS, TOKEN_TYPECODE, BlockHasher, ExtraKeys, as_hash_list, encode_tokens,
+                      repeated_hash)
 from .policies import SessionHint, make_policy
 from .pool import BlockPool, leading
 from .prompt import Prompt
@@ -560,6 +561,10 @@ class KVCacheManager:
             raise HashMismatch(f"{len(hashes)} hash(es) given but the append fills {newly_full} block(s)")
         if hashes and len(seq.hashes) != old_full:
             raise HashMismatch("the sequence's hash chain is already broken; later hashes cannot follow it")
+        if hashes and seq.hashes and not set(hashes).isdisjoint(seq.hashes):
+            # a chain never holds one hash twice: resume / swap_in match the sequence by its own
+            # hashes and count the blocks as distinct
+            raise HashMismatch(repeated_hash(seq.hashes + hashes))
         if not num_tokens:
             return
         self._grow(seq, num_tokens)
