@@ -686,6 +686,8 @@ class BlockPool:
         prio = self._priority if priority == 0 else self.priority
         if not self._duplicate_hash:
             blocks = list(blocks_in_order)
+            if not blocks:      # no event at all (an empty batch is no batch: policies need not expect one)
+                return
             if gather(ref, blocks).count(1) == len(blocks):
                 # every block drops to 0 (C-speed checks; a block listed twice would have had a count of 2)
                 uncached = 0 if all_cached else gather(block_hash, blocks).count(None)

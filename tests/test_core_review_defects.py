@@ -1,8 +1,12 @@
 """Defects found reviewing the pool's and the manager's fast paths: each test failed before its fix."""
 
+import random
+
 import pytest
 
-from prefixkv import HashMismatch, KVCacheManager
+from prefixkv import HashMismatch, KVCacheManager, SessionHint
+from prefixkv.policies.lru import LRUPolicy
+from prefixkv.pool import BlockPool
 
 
 # -- append_slots let a sequence's hash chain repeat one hash -----------------------------------------
@@ -19,3 +23,61 @@ def test_append_slots_refuses_a_hash_the_sequence_already_holds():
     mgr.preempt("a")
     assert mgr.resume("a") == 1
     mgr.check_invariants()
+
+
+# -- an empty release told a batch policy of an empty batch -------------------------------------------
+class _Recording(LRUPolicy):
+    name = "recording"
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def on_released(self, block):
+        self.calls.append(("one", block))
+        super().on_released(block)
+
+    def on_released_batch(self, blocks):
+        self.calls.append(("batch", list(blocks)))
+        super().on_released_batch(blocks)
+
+
+def test_an_empty_release_sends_no_event():
+    """The block-by-block definition of releasing nothing is no event at all; the fast path called
+    on_released_batch([]) (a hinted free of an empty sequence, a preemption of one)."""
+    policy = _Recording()
+    pool = BlockPool(8, 4, policy)
+    pool.release([])
+    pool.release((), 0, SessionHint("s", end="tool_use", time=1.0))
+    assert policy.calls == []
+    mgr = KVCacheManager(8, 4, policy=_Recording(), hash_seed=0)
+    mgr.admit("e", [])
+    mgr.free("e", hint=SessionHint("s", end="tool_use", time=1.0))
+    mgr.admit("f", [])
+    mgr.preempt("f")
+    assert mgr.pool.policy.calls == []
+
+
+def _session_history(empty_frees: bool):
+    """The session policy after hinted frees of empty requests, or after only their hints."""
+    mgr = KVCacheManager(num_blocks=16, block_size=4, hash_seed=0, policy="session")
+    policy = mgr.pool.policy
+    rng = random.Random(1)
+    for i in range(40):
+        if i % 3 == 0:
+            hint = SessionHint(f"s{i % 4}", end="tool_use", time=float(i))
+            if empty_frees:
+                mgr.admit(("empty", i), [])
+                mgr.free(("empty", i), hint=hint)
+            else:
+                policy.on_hint(hint)       # what releasing no block means
+        mgr.admit(i, [rng.randrange(3) for _ in range(rng.randrange(1, 20))])
+        mgr.free(i, hint=SessionHint(f"s{i % 4}", end="tool_use", time=float(i)))
+        mgr.check_invariants()
+    return policy.snapshot(), [policy.evict() for _ in range(len(policy))]
+
+
+def test_hinted_frees_of_empty_requests_keep_the_session_policy_working():
+    """The empty batch made the session policy open an empty group, which evict() then chose:
+    'dictionary is empty' (a PolicyError at the next allocation that evicts)."""
+    assert _session_history(True) == _session_history(False)
