@@ -12,7 +12,9 @@ reached *through the host tier*, so the manager never waits on the network:
   the host tier. ``admit()`` then finds them as ordinary host hits and records
   their loads, which run before the step's writes: admission only ever counts
   blocks whose verified bytes are already in host memory. ``match()`` stays
-  read-only (a prefetch is the caller's explicit action).
+  read-only (a prefetch is the caller's explicit action). A prefetch that stages
+  blocks first runs the demotions pending in the manager (``take_demotions``, into
+  ``kv``): the host blocks it takes may be their destinations.
 * **Write-back** (``write_back()``, after a step): blocks the device published
   from KV this process computed (``KVCacheManager.take_published``) are packed
   from the device pool (one gather) and handed to the store's background
@@ -218,6 +220,13 @@ class RemoteTier:
             n = got.count
             if not n:
                 return 0
+            # Demotions the manager recorded since the caller's last transfer copy device blocks into
+            # host blocks that are already evictable; the allocation below may take those blocks,
+            # and the copy, run later, would overwrite the staged bytes under their new hashes. Run
+            # them now: they come first in a step's transfers anyway (before loads, copies, writes).
+            demotions = mgr.take_demotions()
+            if demotions:
+                self.kv.demote(demotions)
             # Bytes first, then the hashes: a host block is published only holding verified KV.
             staged = host.allocate(n)
             self.staging.unpack_host(staged, got.payloads)
