@@ -146,7 +146,8 @@ class BlockPool:
         self._keep_chain = verify or type(policy).__dict__.get("reads_chain", True) is not False
         from .policies.base import PolicyBase
 
-        self._cached_batch = getattr(policy, "on_cached_batch", None)
+        # (from the class that defines on_cached only: a subclass overriding on_cached is told per block)
+        self._cached_batch = _batch_method(policy, "on_cached", "on_cached_batch")
         # None: on_cached is the base class's no-op, so a batch publish need not call it at all
         self._on_cached = None if getattr(type(policy), "on_cached", None) is PolicyBase.on_cached \
             else policy.on_cached

@@ -6,6 +6,7 @@ import pytest
 
 from prefixkv import HashMismatch, KVCacheManager, SessionHint
 from prefixkv.policies.lru import LRUPolicy
+from prefixkv.policies.session import SessionPolicy
 from prefixkv.pool import BlockPool
 
 
@@ -81,3 +82,26 @@ def test_hinted_frees_of_empty_requests_keep_the_session_policy_working():
     """The empty batch made the session policy open an empty group, which evict() then chose:
     'dictionary is empty' (a PolicyError at the next allocation that evicts)."""
     assert _session_history(True) == _session_history(False)
+
+
+# -- on_cached_batch was used even where a subclass overrides on_cached only ----------------------------
+class _SeesCached(SessionPolicy):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def on_cached(self, block):
+        self.seen.append(block)
+        super().on_cached(block)
+
+
+def test_a_subclass_overriding_on_cached_is_not_bypassed_by_its_parents_batch():
+    policy = _SeesCached()
+    mgr = KVCacheManager(num_blocks=8, block_size=4, hash_seed=0, policy=policy)
+    mgr.admit("a", list(range(12)), compute_last_token=False)
+    table = mgr.block_ids("a")
+    assert policy.seen == table
+    host = _SeesCached()
+    pool = BlockPool(8, 4, host)
+    blocks = pool.cache_many([b"x", b"y"], [None, b"x"], [0, 1])
+    assert host.seen == blocks
