@@ -32,7 +32,7 @@ from typing import Hashable, Iterable, Sequence
 import numpy as np
 
 from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidArgument, InvalidTokens,
-                     InvariantViolation, NoHostBlocks, OutOfBlocks, SequencePreempted, SequenceTooLong, UnknownSequence)
+                     InvariantViolation, NoHostBlocks, OutOfBlocks, PolicyError, SequencePreempted, SequenceTooLong, UnknownSequence)
 from .events import KVEvent
 from .hashing import (NO_EXTRA_KEYS, TOKEN_TYPECODE, BlockHasher, ExtraKeys, as_hash_list, encode_tokens,
                       repeated_hash)
@@ -411,16 +411,26 @@ class KVCacheManager:
         hashes = prompt.block_hashes() if self.enable_caching else []
         refused = self._refused_loads(prompt, compute_last_token, len(hits)) if self.load_gate else 0
         indices, sources = lower
+        device = _device_hits(hits, indices) if sources else hits
+        pool.acquire_hits(device, distinct=True)
         if sources:
-            pool.acquire_hits(_device_hits(hits, indices), distinct=True)
             # before the device allocates: its demotions must not take them
             self.host.pin(sources, distinct=True)
-        else:
-            pool.acquire_hits(hits, distinct=True)
         num_hits = len(hits)
         num_loads = len(sources)
         size = self.block_size
-        fresh = pool.allocate(total - num_hits + num_loads, size)
+        try:
+            fresh = pool.allocate(total - num_hits + num_loads, size)
+        except PolicyError:
+            # the policy broke mid-allocation (the pool put back what it took): let the hits go again,
+            # so no block stays held without a holder
+            if device:
+                pool.release(device[::-1], seq.priority)
+            if sources:
+                self.host.unpin(sources)
+            if self._evicted[0]:
+                self._store_evicted()
+            raise
         if self._evicted[0]:
             self._store_evicted()
         n = prompt.num_tokens

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from prefixkv import HashMismatch, KVCacheManager, SessionHint
+from prefixkv import HashMismatch, KVCacheManager, PolicyError, SessionHint
 from prefixkv.policies.lru import LRUPolicy
 from prefixkv.policies.session import SessionPolicy
 from prefixkv.pool import BlockPool
@@ -105,3 +105,57 @@ def test_a_subclass_overriding_on_cached_is_not_bypassed_by_its_parents_batch():
     pool = BlockPool(8, 4, host)
     blocks = pool.cache_many([b"x", b"y"], [None, b"x"], [0, 1])
     assert host.seen == blocks
+
+
+# -- a PolicyError in an admission with prefix hits leaked the hit blocks -------------------------------
+class _Armed(LRUPolicy):
+    name = "armed"
+    armed = False
+
+    def evict(self):
+        if self.armed:
+            raise RuntimeError("boom")
+        return super().evict()
+
+    def evict_many(self, k):
+        if self.armed:
+            raise RuntimeError("boom")
+        return super().evict_many(k)
+
+
+def test_a_policy_error_after_prefix_hits_releases_them():
+    policy = _Armed()
+    mgr = KVCacheManager(num_blocks=4, block_size=4, hash_seed=0, policy=policy)
+    mgr.admit("a", list(range(16)), compute_last_token=False)
+    mgr.free("a")
+    policy.armed = True
+    with pytest.raises(PolicyError, match="boom"):
+        mgr.admit("b", list(range(8)) + [99] * 8, compute_last_token=False)   # 2 hits, 2 to evict
+    mgr.check_invariants()
+    s = mgr.stats()
+    assert s.active_blocks == 0 and s.evictable_blocks + s.free_uncached_blocks == 4
+    policy.armed = False
+    assert mgr.admit("b", list(range(8)) + [99] * 8, compute_last_token=False) == 8
+    mgr.check_invariants()
+
+
+@pytest.mark.parametrize("inclusive", [False, True])
+def test_a_policy_error_after_host_hits_unpins_them(inclusive):
+    policy = _Armed()
+    mgr = KVCacheManager(num_blocks=4, block_size=4, hash_seed=0, policy=policy, num_host_blocks=8,
+                         host_cache=True, host_inclusive=inclusive)
+    a, c = list(range(16)), list(range(100, 116))
+    mgr.admit("a", a, compute_last_token=False)
+    mgr.free("a")
+    mgr.admit("c", c, compute_last_token=False)          # evicts a's blocks to the host
+    mgr.take_demotions()
+    mgr.free("c")
+    assert mgr.match(a, compute_last_token=False).lower_hit_blocks == 4
+    policy.armed = True
+    with pytest.raises(PolicyError, match="boom"):
+        mgr.admit("a2", a, compute_last_token=False)       # 4 loads, 4 device blocks to evict
+    mgr.check_invariants()
+    assert mgr.stats().host_active_blocks == 0
+    policy.armed = False
+    mgr.admit("a3", c, compute_last_token=False)
+    mgr.check_invariants()
