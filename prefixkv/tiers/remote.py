@@ -39,6 +39,8 @@ Threads: one caller thread (the engine's); the store has its own writer thread.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from typing import Any
 
@@ -56,12 +58,42 @@ _COUNTERS = ("prefetches", "prefetch_probes", "probed_blocks", "staged_blocks", 
 
 
 def model_weights_digest(model) -> bytes:
-    """The weights digest of a torch model (``state_dict``: parameters and buffers); reads every byte."""
-    state_dict = getattr(model, "state_dict", None)
+    """The digest of what shapes a torch model's KV bytes; reads every byte of its tensors.
+
+    Its ``state_dict`` (parameters and persistent buffers), its non-persistent buffers (Hugging
+    Face keeps the rotary frequencies there) and its ``config`` (rope theta and scaling, norm
+    eps: equal weights under another config compute other KV). A wrapper without a
+    ``state_dict`` of its own (``HFEngineModel``) is read through the model it wraps
+    (``hf_model``). Private config fields (``_name_or_path``, ``_attn_implementation``) and
+    ``transformers_version`` are left out: replicas of one checkpoint still agree."""
+    module = model if hasattr(model, "state_dict") else getattr(model, "hf_model", None)
+    state_dict = getattr(module, "state_dict", None)
     if state_dict is None:
         raise TypeError(f"cannot read the weights of a {type(model).__name__} (no state_dict()); pass weights= "
                         "(prefixkv.tiers.fingerprint.weights_digest of its tensors)")
-    return weights_digest(state_dict().items())
+    tensors = dict(state_dict())
+    named_buffers = getattr(module, "named_buffers", None)
+    if named_buffers is not None:
+        for name, buffer in named_buffers():
+            tensors.setdefault(name, buffer)
+    config = _config_text(getattr(module, "config", None) or getattr(model, "config", None))
+    if config is not None:
+        tensors["\0config"] = config
+    return weights_digest(tensors.items())
+
+
+def _config_text(config) -> bytes | None:
+    """A model config as canonical JSON bytes (None: no config to read)."""
+    if config is None:
+        return None
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        fields = dataclasses.asdict(config)
+    elif callable(getattr(config, "to_dict", None)):
+        fields = config.to_dict()
+    else:
+        return None
+    fields = {k: v for k, v in fields.items() if not str(k).startswith("_") and k != "transformers_version"}
+    return json.dumps(fields, sort_keys=True, default=repr).encode()
 
 
 def default_host_blocks(num_blocks: int) -> int:
