@@ -87,7 +87,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_right
 from collections import OrderedDict
-from itertools import compress, repeat
+from itertools import compress, islice, repeat
 from operator import is_
 from math import exp, inf, log
 from typing import Hashable
@@ -115,6 +115,12 @@ class _Queue(ClassStats):
         super().__init__(klass)
         self.seq = seq
         self.blocks: OrderedDict[int, float] = OrderedDict()  # block -> release time
+
+
+def _pop_front(blocks: dict) -> int:
+    block = next(iter(blocks))
+    del blocks[block]
+    return block
 
 
 def _turn_class(turn: int | None) -> tuple:
@@ -150,7 +156,9 @@ class _Group:
         # Waiting: the latest due first, then the latest hint, then the earliest group of that release
         # (tail first); aged: the oldest release first.
         self.key = (due, hint, -seq) if waiting else (released, seq)
-        self.blocks: OrderedDict[int, None] = OrderedDict()   # release order: tail first
+        # release order, tail first: a plain dict (cheaper to fill than an OrderedDict); a run is only
+        # ever taken from its front, in bursts, or loses single blocks to hits
+        self.blocks: dict[int, None] = {}
 
 
 class SessionPolicy(PolicyBase):
@@ -362,10 +370,9 @@ class SessionPolicy(PolicyBase):
             group = self._last
             if group is None or group is not self._agroup or not group.blocks:
                 group = self._agroup = self._new_group(False, self._now)
-            put = group.blocks.__setitem__
-            for block in blocks:
-                put(block, None)
-                group_of[block] = group
+            # dict.fromkeys builds at C speed without a pair per block; merging dicts is cheap
+            group.blocks.update(dict.fromkeys(blocks))
+            group_of.update(dict.fromkeys(blocks, group))
             return
         if self._fb:
             self._chat_release(blocks)
@@ -378,14 +385,14 @@ class SessionPolicy(PolicyBase):
             # every block is this session's own (the common release): one waiting run, filled in C
             new = seen.count(None)
             if new == len(blocks):
-                owners.update(zip(blocks, repeat(session)))
+                owners.update(dict.fromkeys(blocks, session))
             elif new:
-                owners.update(zip(compress(blocks, map(is_, seen, repeat(None))), repeat(session)))
+                owners.update(dict.fromkeys(compress(blocks, map(is_, seen, repeat(None))), session))
             group = self._last
             if group is None or group is not self._hgroup or not group.blocks:
                 group = self._hgroup = self._new_group(self._wait, self._due)
-            group.blocks.update(zip(blocks, repeat(None)))
-            group_of.update(zip(blocks, repeat(group)))
+            group.blocks.update(dict.fromkeys(blocks))
+            group_of.update(dict.fromkeys(blocks, group))
             return
         for block in blocks:
             owner = get(block)
@@ -581,7 +588,7 @@ class SessionPolicy(PolicyBase):
         # Evictions come in bursts (one allocation): the choice holds until a run is added or removed
         # (a chat queue's head is rescored after each).
         group = self._choice or self._choose()
-        block = group.blocks.popitem(last=False)[0]
+        block = group.blocks.popitem(last=False)[0] if group.queue else _pop_front(group.blocks)
         if group.queue:
             self._choice = None
             if not self._stale:
@@ -611,10 +618,9 @@ class SessionPolicy(PolicyBase):
                 blocks.clear()
                 self._drop_if_empty(group)
             else:
-                popitem = blocks.popitem
-                taken = [popitem(last=False)[0] for _ in range(need)]
-            for block in taken:
-                del group_of[block]
+                taken = list(islice(blocks, need))
+                list(map(blocks.__delitem__, taken))
+            list(map(group_of.__delitem__, taken))
             list(map(owners.pop, taken, repeat(None)))
             out += taken
         return out
