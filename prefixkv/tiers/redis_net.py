@@ -209,7 +209,7 @@ class Topology:
         """Reload the slot map from the first node that answers ``CLUSTER SLOTS`` (background thread)."""
         if not self.cluster:
             return True
-        for node in self._node_list:
+        for node in sorted(self._node_list, key=lambda n: n.down):     # answering nodes first
             try:
                 reply = roundtrip(node, node.bg, [("CLUSTER", "SLOTS")])[0]
             except NETWORK_ERRORS:

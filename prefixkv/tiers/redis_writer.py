@@ -14,7 +14,8 @@ Contract:
   Items for a node whose breaker is open are dropped and counted.
 * ``delete(key)`` (a value a reader refused) is sent with the next round (UNLINK).
 * Every ``probe_interval_s`` it PINGs the nodes whose breaker is open and, for a
-  cluster, reloads the slot map after a recovery or a MOVED reply.
+  cluster, reloads the slot map after a recovery or a MOVED reply, and while a node
+  stays down (a failover hands its slots to a promoted replica).
 * ``flush(timeout_s)`` waits until the queue and the deletions are empty and the
   round in flight is done; ``close()`` stops the thread (bounded join).
 
@@ -167,12 +168,15 @@ class BackgroundWriter:
         return batch
 
     def _probe_nodes(self) -> None:
-        """Breaker recovery: PING every open node; reload the cluster slot map when needed."""
-        recovered = False
+        """Breaker recovery: PING every open node; reload the cluster slot map when needed: after a
+        recovery or a MOVED reply, and while a node is down (its replica may have taken its slots)."""
+        recovered = still_down = False
         for node in list(self.topology.nodes.values()):
             if node.down:
-                recovered |= node.ping()
-        if self.topology.cluster and (recovered or self.topology.stale):
+                up = node.ping()
+                recovered |= up
+                still_down |= not up
+        if self.topology.cluster and (recovered or still_down or self.topology.stale):
             self.topology.refresh()
 
     def _delete(self, keys: list[bytes]) -> None:
