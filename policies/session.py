@@ -364,6 +364,8 @@ class SessionPolicy(PolicyBase):
 
     def on_released_batch(self, blocks: list[int]) -> None:
         """``on_released`` for each block in order (the pool's fast path: one call per release)."""
+        if not blocks:          # no event: an empty run would be chosen for eviction and hold nothing
+            return
         hint = self.pool.hint
         group_of = self._group_of
         if hint is None or hint is not self._hint:

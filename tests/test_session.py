@@ -390,3 +390,14 @@ def test_the_session_batches_evict_hit_and_release_as_one_by_one(seed):
     batched.check_invariants()
     assert batched.pool.policy.snapshot() == single.pool.policy.snapshot()
     assert batched.pool.evictions == single.pool.evictions > 0
+
+
+def test_an_empty_release_batch_leaves_nothing_for_eviction_to_choose():
+    """The pool sends no empty batch, but a policy driven directly may get one: it must not open a
+    run that a later evict() picks empty ('dictionary is empty')."""
+    policy = SessionPolicy()
+    mgr = KVCacheManager(8, 4, policy=policy)
+    policy.on_released_batch([])
+    mgr.admit("a", list(range(8)))
+    mgr.free("a")
+    assert policy.evict() in (0, 1)
