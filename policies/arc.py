@@ -52,6 +52,9 @@ class ARCPolicy(PolicyBase):
             which = 2
         else:
             which = 1
+        stale = self._list.get(block)
+        if stale is not None:  # its last residency ended while in use (taken up a tier): no event said so
+            self._size[stale] -= 1
         self._list[block] = which
         self._size[which] += 1
         self._trim()

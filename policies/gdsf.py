@@ -65,6 +65,11 @@ class GDSFPolicy(PolicyBase):
             self.depth_cost = pool.block_size / 32768
 
     def on_cached(self, block: int) -> None:
+        stale = self._hash.get(block)
+        if stale is not None:  # its last residency ended in use (taken up a tier), unannounced
+            self._chain.pop(stale, None)
+            if stale in self._kids:  # its waiting children may be orphans now
+                self._evicted_parents.append(stale)
         self._freq[block] = 1
         self._hash[block] = self.pool.block_hash[block]
 

@@ -42,6 +42,10 @@ class LeafLRUPolicy(PolicyBase):
 
     def on_cached(self, block: int) -> None:
         pool = self.pool
+        if block in self._hash:  # its last residency ended in use (taken up a tier), unannounced
+            stale_parent = self._parent.pop(block, None)
+            if stale_parent is not None:
+                self._drop_child(stale_parent)
         self._hash[block] = pool.block_hash[block]
         parent_hash = pool.parent_hash[block]
         if parent_hash is None:
@@ -75,16 +79,19 @@ class LeafLRUPolicy(PolicyBase):
         del self._hash[block]
         parent_hash = self._parent.pop(block, None)
         if parent_hash is not None:
-            n = self._children[parent_hash] - 1
-            if n:
-                self._children[parent_hash] = n
-            else:
-                del self._children[parent_hash]
-                parent = self.pool.lookup(parent_hash)
-                ticket = self._released.get(parent) if parent is not None else None
-                if ticket is not None:
-                    self._leaves[ticket] = self._inner.pop(ticket)
+            self._drop_child(parent_hash)
         return block
+
+    def _drop_child(self, parent_hash: Hashable) -> None:
+        n = self._children[parent_hash] - 1
+        if n:
+            self._children[parent_hash] = n
+        else:
+            del self._children[parent_hash]
+            parent = self.pool.lookup(parent_hash)
+            ticket = self._released.get(parent) if parent is not None else None
+            if ticket is not None:
+                self._leaves[ticket] = self._inner.pop(ticket)
 
     def is_leaf(self, block: int) -> bool:
         """Whether a cached block has no cached child (for inspection and tests)."""

@@ -118,6 +118,7 @@ class LRFUPolicy(PolicyBase):
         self._key: dict[int, tuple] = {}             # candidate -> (key, release tick, block)
         self._order = SortedList()                   # candidates' entries, lowest (first out) first
         self._kids: dict[Hashable, int] = {}         # hash -> number of cached blocks under it
+        self._parent_of: dict[int, Hashable] = {}    # cached block -> the parent hash it counts under
         self._ghosts: OrderedDict = OrderedDict()    # evicted hash -> log-score, oldest first
         self._last: dict[Hashable, int] = {}         # hash -> tick of its last access (reuse tracker)
         self._accesses: deque = deque()              # (tick, hash) of the remembered accesses
@@ -199,9 +200,12 @@ class LRFUPolicy(PolicyBase):
     def on_cached(self, block: int) -> None:
         block_hash = self._hashes[block]
         parent_hash = self._parents[block]
+        if block in self._score:  # its last residency ended in use (taken up a tier), unannounced
+            self._drop_kid(block)
         if parent_hash is not None:
             kids = self._kids
             kids[parent_hash] = kids.get(parent_hash, 0) + 1
+            self._parent_of[block] = parent_hash
         ghosts = self._ghosts
         self._score[block] = bump(ghosts.pop(block_hash, None) if ghosts else None, self._tau)
         self._accessed(block_hash)
@@ -244,7 +248,11 @@ class LRFUPolicy(PolicyBase):
         ghosts[self._hashes[block]] = score
         while len(ghosts) > self._ghost_limit:
             ghosts.popitem(last=False)
-        parent_hash = self._parents[block]
+        self._drop_kid(block)
+        return block
+
+    def _drop_kid(self, block: int) -> None:
+        parent_hash = self._parent_of.pop(block, None)
         if parent_hash is not None:
             kids = self._kids
             left = kids[parent_hash] - 1
@@ -252,7 +260,6 @@ class LRFUPolicy(PolicyBase):
                 kids[parent_hash] = left
             else:
                 del kids[parent_hash]
-        return block
 
     def crf(self, block: int) -> float:
         """A cached block's combined recency-frequency value now (for inspection and tests)."""
@@ -263,6 +270,7 @@ class LRFUPolicy(PolicyBase):
         self._key.clear()
         self._order.clear()
         self._kids.clear()
+        self._parent_of.clear()
 
     def __len__(self) -> int:
         return len(self._key)

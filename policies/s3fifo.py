@@ -73,6 +73,9 @@ class S3FIFOPolicy(PolicyBase):
             queue = _MAIN
         else:
             queue = _SMALL
+        stale = self._queue.get(block)
+        if stale is not None:  # its last residency ended while in use (taken up a tier): no event said so
+            self._size[stale] -= 1
         self._enter(block, queue)
         self._freq[block] = 0
         self._size[queue] += 1

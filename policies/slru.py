@@ -54,6 +54,8 @@ class SLRUPolicy(PolicyBase):
             self._probation_c[block] = None
 
     def on_cached(self, block: int) -> None:
+        if self._protected.get(block):  # its last residency ended in use (taken up a tier), unannounced
+            self._num_protected -= 1
         self._protected[block] = False
 
     def on_hit(self, block: int, was_evictable: bool) -> None:
