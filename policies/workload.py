@@ -13,7 +13,8 @@ policy's own evictions do not bias the estimate: a class it evicts early
 still gets credit for the reuse it missed); 0 once the ghost entry ages out
 of the window. A class's estimate ``p`` is an exponentially weighted mean of
 its outcomes (step ``rate``); a new class starts at the running mean of all
-outcomes.
+outcomes. At most ``64 * num_blocks`` estimates are kept, the least recently
+used dropped first (a dropped class starts again from the mean).
 
 Eviction. A waiting block's chance of reuse fades with its age, so a block
 of class ``p`` released at tick ``t`` is ranked as an LRU block released at
@@ -63,7 +64,9 @@ class WorkloadPolicy(PolicyBase):
         self.window = window
         self.by_depth = by_depth
         self.mean = prior                              # running mean of every outcome
-        self.estimates: dict[Hashable, float] = {}     # class -> estimated reuse probability
+        # class -> estimated reuse probability, least recently used first; bounded (see bind)
+        self.estimates: OrderedDict[Hashable, float] = OrderedDict()
+        self._estimate_limit = 64 * 1024
         self._tau = horizon * 1024
         self._window_ticks = window * 1024
         self._ghost_limit = 4096
@@ -82,18 +85,30 @@ class WorkloadPolicy(PolicyBase):
         self._tau = self.horizon * pool.num_blocks
         self._window_ticks = self.window * pool.num_blocks
         self._ghost_limit = 4 * pool.num_blocks
+        # Classes with a cached block or a ghost are at most 5 per block; the rest are kept for
+        # roots that come back, up to this many (one entry per root forever was unbounded).
+        self._estimate_limit = 64 * pool.num_blocks
 
     # -- learning -----------------------------------------------------------------------------------------
     def _learn(self, cls: Hashable, outcome: float, rekey: bool = True) -> None:
         rate = self.rate
         estimate = self.estimates.get(cls, self.mean)
-        self.estimates[cls] = estimate + rate * (outcome - estimate)
+        self._set_estimate(cls, estimate + rate * (outcome - estimate))
         self.mean += rate * (outcome - self.mean)
         if rekey and cls in self._class_key:
             self._rekey(cls)
 
+    def _set_estimate(self, cls: Hashable, value: float) -> None:
+        estimates = self.estimates
+        estimates[cls] = value
+        estimates.move_to_end(cls)
+        if len(estimates) > self._estimate_limit:
+            dropped, _ = estimates.popitem(last=False)  # a dropped class reads as the running mean again
+            if dropped in self._class_key:
+                self._rekey(dropped)
+
     def _rank_shift(self, cls: Hashable) -> float:
-        p = min(max(self.estimates[cls], _CLAMP), 1.0 - _CLAMP)
+        p = min(max(self.estimates.get(cls, self.mean), _CLAMP), 1.0 - _CLAMP)
         return self._tau * log(p / (1.0 - p))
 
     def _rekey(self, cls: Hashable) -> None:
@@ -122,8 +137,7 @@ class WorkloadPolicy(PolicyBase):
         self._root[block] = root
         cls = (root, pool.depth[block].bit_length()) if self.by_depth else root
         self._class[block] = cls
-        if cls not in self.estimates:
-            self.estimates[cls] = self.mean
+        self._set_estimate(cls, self.estimates.get(cls, self.mean))
         if self._ghost:
             ghost = self._ghost.pop(block_hash, None)
             if ghost is not None:  # evicted, and needed again within the window
@@ -177,7 +191,7 @@ class WorkloadPolicy(PolicyBase):
 
     def predicted_reuse(self, block: int) -> float:
         """The current reuse estimate of a cached block's class."""
-        return self.estimates[self._class[block]]
+        return self.estimates.get(self._class[block], self.mean)
 
     def clear(self) -> None:
         self._root.clear()
