@@ -47,6 +47,8 @@ class PriorityPolicy(PolicyBase):
         self._clock = clock
         self._ticket = count()
         self._pins: dict[Hashable, float] = {}        # hash -> pinned until (inf: for good)
+        self._pin_deadlines: SortedDict = SortedDict()  # (until, ticket) -> hash, pins with a deadline
+        self._pin_key: dict[Hashable, tuple[float, int]] = {}  # hash -> its key in _pin_deadlines
         self._aside_key: dict[int, tuple] = {}        # protected candidate -> key in _aside
         self._aside: SortedDict = SortedDict()        # (pinned, priority, ticket) -> block
         self._expiry: SortedDict = SortedDict()       # (until, ticket) -> pinned aside block
@@ -64,13 +66,37 @@ class PriorityPolicy(PolicyBase):
         """Protect ``block_hash`` until ``until`` (or for ``ttl``; default: for good)."""
         if until is not None and ttl is not None:
             raise ValueError("give until or ttl, not both")
-        self._pins[block_hash] = INF if until is None and ttl is None else (
-            until if until is not None else self.now() + ttl)
+        if self._pin_deadlines:
+            self._prune_pins()
+        until = INF if until is None and ttl is None else (until if until is not None else self.now() + ttl)
+        self._drop_pin(block_hash)
+        self._pins[block_hash] = until
+        if until != INF:
+            key = (until, next(self._ticket))
+            self._pin_key[block_hash] = key
+            self._pin_deadlines[key] = block_hash
         self._reconsider(block_hash)
 
     def unpin(self, block_hash: Hashable) -> None:
-        if self._pins.pop(block_hash, None) is not None:
+        if self._drop_pin(block_hash):
             self._reconsider(block_hash)
+
+    def _drop_pin(self, block_hash: Hashable) -> bool:
+        """Forget ``block_hash``'s pin, if any (whether it was pinned)."""
+        key = self._pin_key.pop(block_hash, None)
+        if key is not None:
+            del self._pin_deadlines[key]
+        return self._pins.pop(block_hash, None) is not None
+
+    def _prune_pins(self) -> None:
+        """Drop the pins whose deadline has passed (a pin on a hash that is not cached was
+        otherwise kept for good)."""
+        deadlines = self._pin_deadlines
+        now = self.now()
+        while deadlines and deadlines.peekitem(0)[0][0] <= now:
+            _, block_hash = deadlines.popitem(0)
+            del self._pin_key[block_hash]
+            del self._pins[block_hash]
 
     def is_pinned(self, block_hash: Hashable) -> bool:
         until = self._pins.get(block_hash)
@@ -101,7 +127,7 @@ class PriorityPolicy(PolicyBase):
         block_hash = pool.block_hash[block]
         until = self._pins.get(block_hash)
         if until is not None and until <= self.now():
-            del self._pins[block_hash]
+            self._drop_pin(block_hash)
             until = None
         priority = pool.priority[block]
         if until is None and (self.min_priority is None or priority < self.min_priority):
@@ -174,6 +200,8 @@ class PriorityPolicy(PolicyBase):
 
     def evict(self) -> int:
         self._events += 1
+        if self._pin_deadlines:
+            self._prune_pins()
         if self._expiry:
             self._expire()
         inner = self.inner
