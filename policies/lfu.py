@@ -15,7 +15,7 @@ recently released block: with every block touched once in the same epoch this
 is plain LRU.
 
 ``half_life`` defaults to the pool's capacity in blocks (one turnover of the
-cache).
+cache), at least 16.
 """
 
 from __future__ import annotations
