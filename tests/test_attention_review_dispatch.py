@@ -8,7 +8,6 @@ CPU tensors that report ``is_cuda``. The emulated launcher enforces the kernels'
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 

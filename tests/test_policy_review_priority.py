@@ -10,6 +10,13 @@ from prefixkv import BlockPool
 from prefixkv.policies import LRUPolicy, PriorityPolicy
 
 
+def cache_one(pool, block_hash):
+    """Allocate a block, publish ``block_hash`` in it and release it (an event that reads the clock)."""
+    (block,) = pool.allocate(1)
+    pool.publish(block, block_hash, None, 0)
+    pool.release([block])
+
+
 def test_expired_pins_of_uncached_hashes_are_dropped():
     now = [0.0]
     policy = PriorityPolicy(LRUPolicy(), clock=lambda: now[0])
@@ -17,17 +24,13 @@ def test_expired_pins_of_uncached_hashes_are_dropped():
     for i in range(1000):
         now[0] = float(i)
         policy.pin(("conv", i), ttl=5.0)          # never cached
-        (block,) = pool.allocate(1)
-        pool.publish(block, ("blk", i), None, 0)
-        pool.release([block])
+        cache_one(pool, ("blk", i))
     assert len(policy._pins) <= 6
     assert policy.is_pinned(("conv", 999)) and not policy.is_pinned(("conv", 990))
     policy.pin("forever")
     for i in range(1000, 1100):
         now[0] = float(i)
-        (block,) = pool.allocate(1)
-        pool.publish(block, ("blk", i), None, 0)
-        pool.release([block])
+        cache_one(pool, ("blk", i))
     assert policy.is_pinned("forever")
 
 
@@ -39,9 +42,7 @@ def test_a_repinned_hash_keeps_its_latest_deadline():
     policy.pin("h", ttl=10.0)
     for i in range(1, 6):
         now[0] = float(i)
-        (block,) = pool.allocate(1)
-        pool.publish(block, ("blk", i), None, 0)
-        pool.release([block])
+        cache_one(pool, ("blk", i))
     assert policy.is_pinned("h")
     policy.unpin("h")
     assert not policy.is_pinned("h")
