@@ -1,0 +1,196 @@
+"""The prefix cache's hash index in flat arrays: digest -> primary block, and block -> digest.
+
+``BlockPool`` keeps a dict (hash object -> block) and a list (block -> hash object): ~160 B per
+cached block at 1M blocks, most of it the hash object (49 B for a 16-byte digest), the dict entry
+(~42 B) and the block's int object (32 B). Here a cached block costs its digest as ``w`` uint64
+words in ``keys`` (16 B for xxh3_128), a flag byte and 4-8 bytes of table slots, and the loops
+that probe the table are compiled (``kernels``): a batch of lookups, insertions or deletions is one
+call. Keys are ``bytes`` of exactly ``width`` bytes (what ``BlockHasher`` produces); a hash handed
+back (``hash_of``) is a fresh ``bytes`` equal to the one stored.
+
+Two structures in one: the table finds a block by key; ``keys[block]`` / ``has[block]`` say which
+key a block holds. ``BlockPool`` updates its map and its list separately (``cached[h] = b`` then
+``block_hash[b] = h``; ``block_hash[b] = None`` then ``del cached[h]``), so the index does too:
+``assign`` / ``remove`` work on the table, ``set_held`` on the flag only (``keys[block]`` stays
+readable until the block takes another key, so an entry is found while its block's flag is
+already clear).
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from . import kernels
+
+_MIN_TABLE = 1024
+_EMPTY = np.empty(0, np.int64)
+
+
+def as_block_array(blocks: Sequence[int]) -> np.ndarray:
+    """Block ids as an int64 array (``array('q')`` converts a list of ints about twice as fast as
+    ``np.array``)."""
+    if isinstance(blocks, np.ndarray):
+        return blocks.astype(np.int64, copy=False)
+    if not blocks:
+        return _EMPTY
+    return np.frombuffer(array("q", blocks), np.int64)
+
+
+class FlatIndex:
+    def __init__(self, width: int) -> None:
+        if width <= 0 or width % 8:
+            raise ValueError(f"a flat index keys digests of a multiple of 8 bytes, got width {width}")
+        self.width = width
+        self.words = width // 8
+        self.keys = np.zeros((0, self.words), np.uint64)
+        self.has = np.zeros(0, np.uint8)
+        self.slots = np.zeros(_MIN_TABLE, np.int32)
+        self.count = 0          # entries in the table
+
+    # -- sizes ---------------------------------------------------------------
+    def ensure_blocks(self, n: int) -> None:
+        """Per-block rows for blocks ``[0, n)`` (grown in place of the old arrays, keeping them)."""
+        have = self.has.shape[0]
+        if n <= have:
+            return
+        keys = np.zeros((n, self.words), np.uint64)
+        keys[:have] = self.keys
+        has = np.zeros(n, np.uint8)
+        has[:have] = self.has
+        self.keys, self.has = keys, has
+
+    def _reserve(self, extra: int) -> None:
+        """Keep the table at most half full after ``extra`` more entries."""
+        need = 2 * (self.count + extra)
+        size = self.slots.shape[0]
+        if need <= size:
+            return
+        while size < need:
+            size *= 2
+        new = np.zeros(size, np.int32)
+        kernels.rehash(self.slots, new, self.keys)
+        self.slots = new
+
+    def __len__(self) -> int:
+        return self.count
+
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.has.nbytes + self.slots.nbytes
+
+    # -- keys ----------------------------------------------------------------
+    def column(self, hashes: Sequence) -> np.ndarray:
+        """``hashes`` as a ``[n, words]`` uint64 array. Raises TypeError (not bytes) or ValueError
+        (not ``width`` bytes each, told by the total: the pool's callers pass ``BlockHasher``
+        digests, whose widths are fixed)."""
+        try:
+            buf = b"".join(hashes)
+        except TypeError:
+            bad = next(h for h in hashes if not isinstance(h, (bytes, bytearray, memoryview)))
+            raise TypeError(f"this pool's flat index keys {self.width}-byte digests (bytes); got "
+                            f"{type(bad).__name__} {bad!r}: use index='dict' for other hashes") from None
+        if len(buf) != len(hashes) * self.width:
+            bad = next((h for h in hashes if len(h) != self.width), None)
+            raise ValueError(f"this pool's flat index keys {self.width}-byte digests; got one of "
+                             f"{len(bad) if bad is not None else '?'} bytes: use index='dict' for other hashes")
+        return np.frombuffer(buf, np.uint64).reshape(-1, self.words)
+
+    def key(self, h) -> np.ndarray:
+        return self.column((h,))
+
+    def hash_of(self, block: int) -> bytes | None:
+        """The key ``block`` holds, or None."""
+        if 0 <= block < self.has.shape[0]:
+            return self.keys[block].tobytes() if self.has[block] == 1 else None
+        raise IndexError(f"block {block} out of range")
+
+    def hashes_of(self, blocks: Sequence[int]) -> list[bytes]:
+        """The keys rows of ``blocks`` (whether or not their flags are set), as bytes."""
+        buf = self.keys[as_block_array(blocks)].tobytes()
+        w = self.width
+        return [buf[i:i + w] for i in range(0, len(buf), w)]
+
+    def set_held(self, block: int, h) -> None:
+        """``block_hash[block] = h``: None clears the flag; a key is written and flagged."""
+        if h is None:
+            self.has[block] = 0
+        else:
+            self.keys[block] = self.key(h)[0]
+            self.has[block] = 1
+
+    def held(self, block: int) -> bool:
+        return bool(self.has[block] == 1)
+
+    def count_held(self, blocks: Sequence[int]) -> int:
+        return int(kernels.count_held(self.has, as_block_array(blocks)))
+
+    # -- the map -------------------------------------------------------------
+    def get(self, h, default=None):
+        try:
+            q = self.key(h)
+        except (TypeError, ValueError):
+            return default      # not a key of this index: not in it (as a dict says)
+        s = kernels.find_slot(self.slots, self.keys, q, 0)
+        return default if s < 0 else int(self.slots[s]) - 1
+
+    def __contains__(self, h) -> bool:
+        return self.get(h) is not None
+
+    def assign(self, h, block: int) -> None:
+        """``map[h] = block``."""
+        q = self.key(h)
+        self._reserve(1)
+        if kernels.assign(self.slots, self.keys, self.has, q, block) < 0:
+            self.count += 1
+
+    def remove(self, h) -> int:
+        """``del map[h]``; returns the block (its flag cleared). KeyError if absent."""
+        try:
+            q = self.key(h)
+        except (TypeError, ValueError):
+            raise KeyError(h) from None
+        block = kernels.remove_key(self.slots, self.keys, self.has, q)
+        if block < 0:
+            raise KeyError(h)
+        self.count -= 1
+        return int(block)
+
+    def setdefault_many(self, q: np.ndarray, blocks: Sequence[int]) -> list[int]:
+        """``[map.setdefault(q[i], blocks[i]) for i]`` in one call."""
+        n = q.shape[0]
+        self._reserve(n)
+        got = np.empty(n, np.int64)
+        self.count += int(kernels.insert_many(self.slots, self.keys, self.has, q, as_block_array(blocks), got))
+        return got.tolist()
+
+    def lookup_many(self, q: np.ndarray) -> np.ndarray:
+        """Per key: its block, or -1."""
+        out = np.empty(q.shape[0], np.int64)
+        kernels.lookup_many(self.slots, self.keys, q, out)
+        return out
+
+    def lookup_run(self, q: np.ndarray) -> list[int]:
+        """The blocks of the leading run of ``q``'s keys found."""
+        out = np.empty(q.shape[0], np.int64)
+        n = kernels.lookup_run(self.slots, self.keys, q, out)
+        return out[:n].tolist()
+
+    def remove_blocks(self, blocks: Iterable[int], check: bool) -> int:
+        """Take the keys of ``blocks`` out; see ``kernels.remove_blocks``. Returns -1, or (check
+        failed: nothing changed) the index of the first block that holds no key in the table."""
+        arr = as_block_array(blocks)
+        bad = int(kernels.remove_blocks(self.slots, self.keys, self.has, arr, check))
+        if bad < 0:
+            self.count -= arr.shape[0]
+        return bad
+
+    def blocks(self) -> list[int]:
+        """Every block in the table."""
+        return kernels.table_blocks(self.slots).tolist()
+
+    def clear(self) -> None:
+        self.slots = np.zeros(_MIN_TABLE, np.int32)
+        self.has[:] = 0
+        self.count = 0
