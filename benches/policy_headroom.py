@@ -172,7 +172,7 @@ def hindsight_probabilities(requests) -> list[list[float]]:
 
 
 def replay_with_probabilities(trace, policy: ShiftedLRUPolicy, capacity: int, probs) -> float:
-    mgr = KVCacheManager(capacity, trace.block_size, policy=policy, hash_seed=0)
+    mgr = KVCacheManager(capacity, trace.block_size, policy=policy, hash_seed=0, index="dict")
     hits = accesses = 0
     for i, request in enumerate(trace.requests):
         hashes = request.block_hashes

@@ -37,7 +37,7 @@ from .events import KVEvent
 from .hashing import (NO_EXTRA_KEYS, TOKEN_TYPECODE, BlockHasher, ExtraKeys, as_hash_list, encode_tokens,
                       repeated_hash)
 from .policies import SessionHint, make_policy
-from .pool import BlockPool, leading
+from .pool import BlockPool
 from .prompt import Prompt
 from .stats import CacheStats
 
@@ -72,6 +72,21 @@ class PrefixMatch:
     lower_hit_blocks: int = 0   # of ``hit_blocks``, those served from the host tier (a load each)
 
 
+def _make_pool(index: str, digest_size: int, num_blocks: int, block_size: int, policy, **kwargs) -> BlockPool:
+    if index not in ("auto", "flat", "dict"):
+        raise InvalidArgument("index", f"must be 'auto', 'flat' or 'dict', got {index!r}")
+    if index != "dict":
+        from . import flat
+        if index == "flat" and kwargs.get("verify"):
+            raise InvalidArgument("index", "verify mode needs index='dict' (it keeps each block's content)")
+        if index == "flat" and not flat.available():
+            raise InvalidArgument("index", "'flat' needs numba, which does not import here (pip install numba)")
+        if flat.available() and not kwargs.get("verify"):
+            from .flat.pool import FlatBlockPool
+            return FlatBlockPool(num_blocks, block_size, policy, digest_size=digest_size, **kwargs)
+    return BlockPool(num_blocks, block_size, policy, **kwargs)
+
+
 class KVCacheManager:
     """Paged KV cache bookkeeping with automatic prefix caching.
 
@@ -88,7 +103,7 @@ class KVCacheManager:
                  hash_algorithm: str = "xxh3_128", verify: bool = False, record_events: bool = False,
                  enable_caching: bool = True, num_host_blocks: int = 0, track_reuse: bool = False,
                  host_cache: bool = False, host_policy="lru", host_inclusive: bool = False,
-                 load_gate=None) -> None:
+                 load_gate=None, index: str = "auto") -> None:
         """A pool of ``num_blocks`` blocks of ``block_size`` token slots.
 
         * ``policy``: an eviction policy name (``prefixkv.policies.available_policies()``:
@@ -111,6 +126,12 @@ class KVCacheManager:
           always taken.
         * ``track_reuse``: count cache residencies that end without a single hit
           (``stats().unused_removals``; None when off); costs a store per hit block.
+        * ``index``: how the pool keeps its hash index. ``"flat"``: in flat arrays probed by
+          compiled loops (``prefixkv.flat``; needs numba): ~90 B per cached block instead of
+          ~160 and faster batches, but every hash must be one of this manager's digests (bytes of
+          ``hash_algorithm``'s size), so ``prompt_from_hashes`` takes only those. ``"dict"``: a
+          dict of hash objects, any hashable (a trace's integer ids), and the one ``verify`` uses.
+          ``"auto"`` (default): flat where numba is installed and ``verify`` is off, else dict.
         """
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -131,8 +152,8 @@ class KVCacheManager:
         self.hasher = BlockHasher(block_size, seed=hash_seed, algorithm=hash_algorithm)
         # A shared (remote) tier needs hashes every replica agrees on: only a pinned seed gives them.
         self.hash_seed_pinned = hash_seed is not None
-        self.pool = BlockPool(num_blocks, block_size, policy, verify=verify, record_events=record_events,
-                              track_reuse=track_reuse)
+        self.pool = _make_pool(index, self.hasher.digest_size, num_blocks, block_size, policy, verify=verify,
+                               record_events=record_events, track_reuse=track_reuse)
         self._seqs: dict[Hashable, _Sequence] = {}
         self._copies: list[tuple[int, int]] = []
         if num_host_blocks < 0:
@@ -191,13 +212,22 @@ class KVCacheManager:
 
         Equal hash must mean equal prefix. ``block_hashes`` holds one hash per
         full block, optionally plus one for a partial last block (ignored: only
-        full blocks are cached). ``checked``: the caller vouches that ``block_hashes`` is a
+        full blocks are cached). With a flat index (``index``) they must be this manager's
+        digests (bytes of ``hasher.digest_size``). ``checked``: the caller vouches that ``block_hashes`` is a
         list of hashable, non-None values nobody will change (a loaded trace's), so it is
         used as it is.
         """
         if num_tokens < 0:
             raise HashMismatch(f"num_tokens must be >= 0, got {num_tokens}")
         hashes = block_hashes if checked and type(block_hashes) is list else as_hash_list(block_hashes)
+        if self.pool._index_stores_hashes:
+            width = self.hasher.digest_size
+            bad = next((h for h in hashes if type(h) is not bytes or len(h) != width), None)
+            if bad is not None:
+                raise HashMismatch(f"this manager's pool keeps a flat index of {width}-byte digests (index='flat' "
+                                   f"or 'auto' with numba), so precomputed hashes must be such bytes; got "
+                                   f"{type(bad).__name__} {bad!r:.60}: build the manager with index='dict' for "
+                                   "other hashes (a trace's integer ids)")
         full, partial = divmod(num_tokens, self.block_size)
         if len(hashes) not in (full, full + (1 if partial else 0)):
             raise HashMismatch(
@@ -236,20 +266,7 @@ class KVCacheManager:
                     break
                 hits.append(block)
             return hits
-        if limit > len(hashes):
-            limit = len(hashes)
-        # A fresh prompt misses at once; a cached one usually hits to its end: both are told by one
-        # lookup each. All hits: one itemgetter over the hash map (C, raises KeyError at a miss).
-        if not limit or get(hashes[0]) is None:
-            return []
-        if limit == 1:
-            return [get(hashes[0])]
-        if get(hashes[limit - 1]) is not None:
-            try:
-                return list(itemgetter(*hashes[:limit])(self.pool.cached_map))
-            except KeyError:
-                pass
-        return leading(get, hashes, 0, limit)
+        return self.pool.leading_hits(hashes, 0, min(limit, len(hashes)))
 
     def _lower_hits(self, prompt: Prompt, compute_last_token: bool, hits: list[int]) -> tuple[Sequence[int], list[int]]:
         """Past the device's leading ``hits``: the chain continued through the device and the host
@@ -267,22 +284,11 @@ class KVCacheManager:
             return _NO_LOWER
         # The common shape, told in C: one run on the host right after the device hits, with no
         # device block inside it or right after it.
-        in_device = self.pool.lookup
-        in_host = host.pool.lookup
-        if in_host(hashes[start]) is None:
+        run = host.pool.leading_hits(hashes, start, limit)
+        if not run:
             return _NO_LOWER
-        run = None
-        if in_host(hashes[limit - 1]) is not None:     # likely on the host to the end: one C call
-            try:
-                run = list(itemgetter(*hashes[start:limit])(host.pool.cached_map)) if limit - start > 1 \
-                    else [in_host(hashes[start])]
-            except KeyError:
-                pass
-        if run is None:
-            run = leading(in_host, hashes, start, limit)
         end = start + len(run)
-        if (end == limit or in_device(hashes[end]) is None) and \
-                self.pool.cached_map.keys().isdisjoint(hashes[start:end]):
+        if (end == limit or self.pool.lookup(hashes[end]) is None) and self.pool.holds_none(hashes[start:end]):
             hits.extend(run)
             return range(start, end), run
         return self._lower_hits_mixed(hashes, start, limit, hits)

@@ -73,6 +73,10 @@ def leading(get, hashes: Sequence[Hashable], start: int, limit: int) -> list:
 
 
 class BlockPool:
+    # Whether inserting into the hash index also records each primary's hash (``block_hash``):
+    # the flat index keeps both in one place (``prefixkv.flat.pool``).
+    _index_stores_hashes = False
+
     def __init__(self, num_blocks: int, block_size: int, policy, *, verify: bool = False,
                  record_events: bool = False, track_reuse: bool = False, medium: str | None = None) -> None:
         if num_blocks <= 0:
@@ -97,9 +101,7 @@ class BlockPool:
         self._priority: list[int] | None = None
         self.content: list[bytes | None] = []              # verify mode only
         self._cached: dict[Hashable, int] = {}             # hash -> primary block
-        self.cached_map = self._cached                     # read-only to callers (batched lookups)
-        # lookup(hash) -> primary block or None; bound once, it is the hottest call.
-        self.lookup = self._cached.get
+        self._make_index()
         self._duplicate_hash: dict[int, Hashable] = {}     # active duplicate -> its hash
         self._duplicates: dict[Hashable, list[int]] = {}   # hash -> active duplicates
         # Free-uncached blocks: the released ones (a LIFO stack) and every block from ``_fresh`` on,
@@ -151,6 +153,12 @@ class BlockPool:
         # None: on_cached is the base class's no-op, so a batch publish need not call it at all
         self._on_cached = None if getattr(type(policy), "on_cached", None) is PolicyBase.on_cached \
             else policy.on_cached
+
+    def _make_index(self) -> None:
+        """Bind the hash index's read paths (``prefixkv.flat.pool`` keeps the index elsewhere)."""
+        self.cached_map = self._cached                     # read-only to callers
+        # lookup(hash) -> primary block or None; bound once, it is the hottest call.
+        self.lookup = self._cached.get
 
     @property
     def priority(self) -> list[int]:
@@ -207,7 +215,7 @@ class BlockPool:
             grow = new - have
             self.ref_count.extend([0] * grow)
             self.num_tokens.extend([0] * grow)
-            self.block_hash.extend([None] * grow)
+            self._grow_hashes(grow)
             if self._keep_chain:
                 self.parent_hash.extend([None] * grow)
                 self.depth.extend([0] * grow)
@@ -220,6 +228,9 @@ class BlockPool:
             if self._on_grow is not None:
                 self._on_grow(new)
         return list(range(start, stop))
+
+    def _grow_hashes(self, grow: int) -> None:
+        self.block_hash.extend([None] * grow)
 
     @property
     def num_cached(self) -> int:
@@ -240,6 +251,30 @@ class BlockPool:
 
     def is_cached(self, block: int) -> bool:
         return self.block_hash[block] is not None
+
+    def leading_hits(self, hashes: Sequence[Hashable], start: int, limit: int) -> list[int]:
+        """The blocks holding ``hashes[start:limit]`` up to the first one not cached (a prompt's
+        run of hits). A fresh prompt misses at once and a cached one usually hits to its end: both
+        are told by one lookup each; all hits are read by one itemgetter call (C)."""
+        get = self.lookup
+        if start >= limit or get(hashes[start]) is None:
+            return []
+        if limit - start == 1:
+            return [get(hashes[start])]
+        if get(hashes[limit - 1]) is not None:
+            try:
+                return list(itemgetter(*hashes[start:limit])(self._cached))
+            except KeyError:
+                pass
+        return leading(get, hashes, start, limit)
+
+    def holds_none(self, hashes: Iterable[Hashable]) -> bool:
+        """No hash of ``hashes`` is cached here."""
+        return self._cached.keys().isdisjoint(hashes)
+
+    def _uncached_among(self, blocks: list[int]) -> int:
+        """How many of ``blocks`` hold no hash."""
+        return gather(self.block_hash, blocks).count(None)
 
     # -- actions -------------------------------------------------------------
     def acquire_hits(self, blocks: Iterable[int], *, distinct: bool = False) -> None:
@@ -329,7 +364,7 @@ class BlockPool:
             self.release(blocks)
             return blocks
         blocks = self._claim(n)
-        got = list(map(self._cached.setdefault, hashes, blocks))
+        got = self._setdefault_many(hashes, blocks)
         if got == blocks:
             primaries = blocks
         else:     # a hash cached already: this copy is a duplicate, dropped again at once
@@ -340,18 +375,14 @@ class BlockPool:
         block_hash, num_tokens = self.block_hash, self.num_tokens
         if self.keep_chain:
             parent_list, depth_list = self.parent_hash, self.depth
-            for block, h, parent, depth in zip(primaries, hashes, parents, depths):
-                block_hash[block] = h
+            for block, parent, depth in zip(primaries, parents, depths):
                 parent_list[block] = parent
                 depth_list[block] = depth
-                num_tokens[block] = size
-        else:
+        if not self._index_stores_hashes:
             for block, h in zip(primaries, hashes):
                 block_hash[block] = h
-                num_tokens[block] = size
-        if primaries is not blocks:
-            for block in blocks:
-                num_tokens[block] = size
+        for block in blocks:
+            num_tokens[block] = size
         prio = self._priority
         if prio is not None:
             for block in primaries:
@@ -615,23 +646,14 @@ class BlockPool:
             for block, h, parent, depth in zip(blocks, hashes, parents, depths):
                 publish(block, h, parent, depth)
             return
-        cached = self._cached
-        if len(cached) > _MAP_OUTGROWS_LLC and len(hashes) > 1:
-            # Each new hash probes a map far bigger than the last-level cache, several dependent
-            # misses per insertion. Hashing them first and then probing for them in one tight C
-            # loop lets the CPU overlap those misses; setdefault below finds the slots cached
-            # (1M blocks: 47 -> 37 us per 128 hashes; around 2^19 entries it was a wash).
-            all(map(hash, hashes))
-            cached.keys().isdisjoint(hashes)
-        got = list(map(cached.setdefault, hashes, blocks))
+        got = self._setdefault_many(hashes, blocks)
         block_hash, parent_list, depth_list = self.block_hash, self.parent_hash, self.depth
         if got == blocks:     # every block is a new primary
             if self._keep_chain:
-                for block, h, parent, depth in zip(blocks, hashes, parents, depths):
-                    block_hash[block] = h
+                for block, parent, depth in zip(blocks, parents, depths):
                     parent_list[block] = parent
                     depth_list[block] = depth
-            else:
+            if not self._index_stores_hashes:
                 for block, h in zip(blocks, hashes):
                     block_hash[block] = h
             primaries = blocks
@@ -650,6 +672,20 @@ class BlockPool:
                     primaries.append(block)
         if on_cached is not None and primaries:
             self._cached_batch(primaries)
+
+    def _setdefault_many(self, hashes: list[Hashable], blocks: list[int]) -> list[int]:
+        """``[cached.setdefault(h, b) for h, b in zip(hashes, blocks)]``: a new hash becomes the
+        primary of its block (whose ``block_hash`` the caller writes unless
+        ``_index_stores_hashes``), a cached one keeps its block."""
+        cached = self._cached
+        if len(cached) > _MAP_OUTGROWS_LLC and len(hashes) > 1:
+            # Each new hash probes a map far bigger than the last-level cache, several dependent
+            # misses per insertion. Hashing them first and then probing for them in one tight C
+            # loop lets the CPU overlap those misses; setdefault below finds the slots cached
+            # (1M blocks: 47 -> 37 us per 128 hashes; around 2^19 entries it was a wash).
+            all(map(hash, hashes))
+            cached.keys().isdisjoint(hashes)
+        return list(map(cached.setdefault, hashes, blocks))
 
     def release(self, blocks_in_order: Iterable[int], priority: int = 0, hint=None, *,
                 all_cached: bool = False) -> None:
@@ -691,7 +727,7 @@ class BlockPool:
                 return
             if gather(ref, blocks).count(1) == len(blocks):
                 # every block drops to 0 (C-speed checks; a block listed twice would have had a count of 2)
-                uncached = 0 if all_cached else gather(block_hash, blocks).count(None)
+                uncached = 0 if all_cached else self._uncached_among(blocks)
                 if batch is not None and not uncached:
                     # the common release: every block stays cached
                     for block in blocks:
@@ -753,12 +789,11 @@ class BlockPool:
             self.unused_removals += self.num_unused_cached()
             self._reused[:] = [False] * len(self._reused)
         self.cleared += len(self._cached)
-        self._cached.clear()
+        self._clear_index()
         self._duplicates.clear()
         self._duplicate_hash.clear()
         # Refill in place: policies may keep references to these lists across a reset.
         n = len(self.block_hash)
-        self.block_hash[:] = [None] * n
         if self._keep_chain:
             self.parent_hash[:] = [None] * n
             self.depth[:] = [0] * n
@@ -769,6 +804,10 @@ class BlockPool:
         self._free[:] = (b for b in range(self._fresh - 1, -1, -1) if b not in held)
         if self.events is not None:
             self.events.append(AllBlocksCleared(self.medium))
+
+    def _clear_index(self) -> None:
+        self._cached.clear()
+        self.block_hash[:] = [None] * len(self.block_hash)
 
     def drain_events(self) -> list[KVEvent]:
         if self.events is None:

@@ -316,7 +316,7 @@ def test_fifo_and_lru_choose_different_victims():
 # -- precomputed hashes ---------------------------------------------------------------------------
 
 def test_admission_by_precomputed_hashes():
-    mgr = make()
+    mgr = make(index="dict")
     p = mgr.prompt_from_hashes([11, 12, 13], num_tokens=10)   # last hash covers a partial block
     assert mgr.admit("a", p) == 0
     mgr.free("a")
@@ -329,9 +329,23 @@ def test_admission_by_precomputed_hashes():
         mgr.append("c", [1])
 
 
+def test_a_flat_index_takes_only_its_own_digests_as_precomputed_hashes():
+    pytest.importorskip("numba")
+    mgr = make(index="flat")
+    with pytest.raises(HashMismatch, match="16-byte digests.*index='dict'"):
+        mgr.prompt_from_hashes([11, 12], 8)
+    with pytest.raises(HashMismatch, match="got bytes b'ab'"):
+        mgr.prompt_from_hashes([bytes(16), b"ab"], 8)
+    digests = [bytes([i]) * 16 for i in (1, 2, 3)]
+    assert mgr.admit("a", mgr.prompt_from_hashes(digests, 12), compute_last_token=False) == 0
+    mgr.free("a")
+    assert mgr.admit("b", mgr.prompt_from_hashes(digests[:2], 8), compute_last_token=False) == 8
+    assert mgr.pool.block_hash[mgr.block_ids("b")[1]] == digests[1]
+
+
 @pytest.mark.parametrize("hashes,n", [([1, 2], 3), ([1], 9), ([1, None], 8), ([[1], 2], 8)])
 def test_hash_counts_that_contradict_the_length(hashes, n):
-    mgr = make()
+    mgr = make(index="dict")
     with pytest.raises((HashMismatch, ValueError)):
         mgr.prompt_from_hashes(hashes, n)
 
@@ -339,7 +353,7 @@ def test_hash_counts_that_contradict_the_length(hashes, n):
 def test_precomputed_hashes_that_repeat_are_refused_before_they_can_share_a_block_twice():
     """A prefix chain never repeats a hash; a list that does would map one block twice into a
     table on a single reference (the pool counts a match's blocks as distinct)."""
-    mgr = make()
+    mgr = make(index="dict")
     mgr.admit("a", mgr.prompt_from_hashes([1, 2, 3, 4], 16))
     mgr.free("a")
     before = mgr.pool.snapshot()

@@ -141,8 +141,8 @@ def test_write_back_skips_blocks_no_longer_cached_and_hash_prompts(redis_server)
         mgr.free("a")
         mgr.reset_prefix_cache()                          # every block forgets its hash
         assert tier.write_back() == 0 and tier.stats()["stale_blocks"] == 10
-        hashed = mgr.prompt_from_hashes(list(range(1, 11)), 40)
-        assert tier.prefetch(hashed) == 0                 # integer hashes: not a token prompt
+        hashed = mgr.prompt_from_hashes([i.to_bytes(16, "little") for i in range(1, 11)], 40)
+        assert tier.prefetch(hashed) == 0                 # precomputed hashes: not a token prompt
         mgr.admit("h", hashed)
         assert tier.write_back() == 0
         # KV not known written (the HF cache's pending blocks) waits for a later write-back

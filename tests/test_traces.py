@@ -92,7 +92,7 @@ def test_mooncake_block_size_is_a_parameter(tmp_path):
 def test_hashed_requests_fit_the_manager(tmp_path):
     path = write_lines(tmp_path / "m.jsonl", [mooncake(0, 10, [1, 2, 3]), mooncake(1, 12, [1, 2, 3])])
     trace = load_mooncake(path, block_size=4)
-    mgr = KVCacheManager(16, 4, hash_seed=0)
+    mgr = KVCacheManager(16, 4, hash_seed=0, index="dict")     # the trace's integer ids
     hits = []
     for i, r in enumerate(trace):
         hits.append(mgr.admit(i, mgr.prompt_from_hashes(r.block_hashes, r.input_length), compute_last_token=False))

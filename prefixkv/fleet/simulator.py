@@ -122,7 +122,8 @@ class _Job:
 class _Replica:
     def __init__(self, worker_id: str, capacity: int, block_size: int, policy: str) -> None:
         self.worker_id = worker_id
-        self.mgr = KVCacheManager(capacity, block_size, policy=policy, hash_seed=HASH_SEED, record_events=True)
+        self.mgr = KVCacheManager(capacity, block_size, policy=policy, hash_seed=HASH_SEED, record_events=True,
+                                   index="dict")     # the trace's integer ids
         self.waiting: deque[_Job] = deque()
         self.prefilling = False
         self.running = 0

@@ -248,7 +248,8 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
         host_capacity = host_capacity or staging
     mgr = KVCacheManager(capacity, block_size, policy=policy_obj, hash_seed=hash_seed, track_reuse=True,
                          num_host_blocks=host_capacity, host_cache=bool(host_capacity), host_policy=host_policy,
-                         host_inclusive=host_inclusive, load_gate=transfer_cost if gate else None)
+                         host_inclusive=host_inclusive, load_gate=transfer_cost if gate else None,
+                         index="dict")     # a trace's hashes are integer ids
     oracle = getattr(policy_obj, "set_next_use", None)
     if name == "belady" and oracle is None:
         raise ValueError("the belady policy needs set_next_use(hash, next_time)")

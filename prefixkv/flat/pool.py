@@ -1,0 +1,234 @@
+"""``BlockPool`` with its hash index in flat arrays (``FlatIndex``): same states, events and results.
+
+The base class reads and writes its index through ``self._cached`` (a dict: hash -> primary
+block) and ``self.block_hash`` (a list: block -> hash or None). Here both are views of one
+``FlatIndex`` (``_IndexMap``, ``_HashColumn``) with every dict / list operation the base class and
+the policies use, so every path of ``BlockPool`` works unchanged, element by element; the batch
+paths that matter for speed (prefix lookups, publishing, eviction bursts, releases, host-tier
+takes) are overridden with one compiled call each. Keys are fixed-width digests (``bytes``); a
+hash read back is a fresh ``bytes`` equal to the one stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Hashable, Iterable, Iterator, Sequence
+
+from ..errors import PolicyError
+from ..pool import BlockPool
+from .index import FlatIndex, as_block_array as index_blocks
+
+
+class _IndexMap(Mapping):
+    """The index as ``dict[hash, block]``, for the base class's per-element paths and readers."""
+
+    __slots__ = ("_index",)
+
+    def __init__(self, index: FlatIndex) -> None:
+        self._index = index
+
+    def __getitem__(self, h) -> int:
+        block = self._index.get(h)
+        if block is None:
+            raise KeyError(h)
+        return block
+
+    def get(self, h, default=None):
+        return self._index.get(h, default)
+
+    def __contains__(self, h) -> bool:
+        return self._index.get(h) is not None
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._index.hashes_of(self._index.blocks()))
+
+    def __setitem__(self, h, block: int) -> None:
+        self._index.assign(h, block)
+
+    def __delitem__(self, h) -> None:
+        self._index.remove(h)
+
+    def setdefault(self, h, block: int) -> int:
+        found = self._index.get(h)
+        if found is None:
+            self._index.assign(h, block)
+            return block
+        return found
+
+    def clear(self) -> None:
+        self._index.clear()
+
+
+class _HashColumn(Sequence):
+    """The index as ``list[hash | None]`` by block, covering the blocks handed out so far."""
+
+    __slots__ = ("_index", "_covered")
+
+    def __init__(self, index: FlatIndex, covered: list) -> None:
+        self._index = index
+        self._covered = covered        # the pool's ref_count list: its length is the coverage
+
+    def __len__(self) -> int:
+        return len(self._covered)
+
+    def __getitem__(self, block):
+        if isinstance(block, slice):
+            return [self[b] for b in range(*block.indices(len(self)))]
+        if not 0 <= block < len(self._covered):
+            if block < 0 and -len(self._covered) <= block:
+                return self._index.hash_of(block + len(self._covered))
+            raise IndexError(f"block {block} out of range")
+        return self._index.hash_of(block)
+
+    def __setitem__(self, block: int, h) -> None:
+        if not 0 <= block < len(self._covered):
+            raise IndexError(f"block {block} out of range")
+        self._index.set_held(block, h)
+
+    def __iter__(self) -> Iterator:
+        hash_of = self._index.hash_of
+        return (hash_of(b) for b in range(len(self._covered)))
+
+
+class FlatBlockPool(BlockPool):
+    """A ``BlockPool`` whose hash index is a ``FlatIndex`` of ``digest_size``-byte keys."""
+
+    _index_stores_hashes = True
+
+    def __init__(self, num_blocks: int, block_size: int, policy, *, digest_size: int = 16, **kwargs) -> None:
+        if kwargs.get("verify"):
+            raise ValueError("verify mode keeps each block's content and reads the chain per block: "
+                             "use BlockPool (index='dict')")
+        self.index = FlatIndex(digest_size)
+        super().__init__(num_blocks, block_size, policy, **kwargs)
+
+    def _make_index(self) -> None:
+        index = self.index
+        self._cached = self.cached_map = _IndexMap(index)
+        self.block_hash = _HashColumn(index, self.ref_count)
+        self.lookup = index.get
+
+    def _grow_hashes(self, grow: int) -> None:
+        # (called after ref_count grew: it has the new length)
+        self.index.ensure_blocks(len(self.ref_count))
+
+    def is_cached(self, block: int) -> bool:
+        return self.index.held(block)
+
+    # -- lookups ---------------------------------------------------------------
+    def leading_hits(self, hashes: Sequence[Hashable], start: int, limit: int) -> list[int]:
+        if start >= limit:
+            return []
+        return self.index.lookup_run(self.index.column(hashes[start:limit]))
+
+    def holds_none(self, hashes: Iterable[Hashable]) -> bool:
+        hashes = list(hashes)
+        if not hashes:
+            return True
+        return int(self.index.lookup_many(self.index.column(hashes)).max()) < 0
+
+    def _uncached_among(self, blocks: list[int]) -> int:
+        return len(blocks) - self.index.count_held(blocks)
+
+    # -- inserting -------------------------------------------------------------
+    def _setdefault_many(self, hashes: list[Hashable], blocks: list[int]) -> list[int]:
+        index = self.index
+        return index.setdefault_many(index.column(hashes), blocks)
+
+    # -- evicting --------------------------------------------------------------
+    def _evict_valid(self, k: int, out: list[int]) -> None:
+        try:
+            victims = self._evict_many(k)
+        except Exception as exc:
+            name = getattr(self.policy, "name", type(self.policy).__name__)
+            raise PolicyError(f"eviction policy {name!r} raised in evict_many(): {type(exc).__name__}: {exc}") from exc
+        self.index.remove_blocks(victims, False)
+        reused = self._reused
+        if reused is not None:
+            self.unused_removals += list(map(reused.__getitem__, victims)).count(False)
+            for block in victims:
+                reused[block] = False
+        self.evictions += len(victims)
+        if self.on_evict_many is not None:
+            # the removed blocks' key rows stay readable until the blocks take new keys
+            self.on_evict_many(victims, self.index.hashes_of(victims))
+        out += victims
+
+    def _evict_batch(self, k: int, out: list[int]) -> None:
+        """``BlockPool._evict_batch`` with the victims checked and uncached in compiled passes. A
+        policy returning a block it must not (not a block id, active, uncached, listed twice, or
+        the wrong number of blocks) gets PolicyError; the victims before that one are taken
+        (uncached) and the valid ones after it go back to the policy."""
+        name = getattr(self.policy, "name", type(self.policy).__name__)
+        try:
+            victims = self._evict_many(k)
+        except Exception as exc:
+            raise PolicyError(f"eviction policy {name!r} raised in evict_many(): {type(exc).__name__}: {exc}") from exc
+        ref = self.ref_count
+        index = self.index
+        try:
+            arr = index_blocks(victims)
+            valid = len(victims) == k and (not k or (int(arr.min()) >= 0 and int(arr.max()) < len(ref)))
+        except (TypeError, ValueError, OverflowError):       # not block ids
+            valid = False
+        if valid and not any(map(ref.__getitem__, victims)) and index.remove_blocks(arr, True) < 0:
+            self._took(victims, out)
+            if self.on_evict_many is not None:
+                self.on_evict_many(victims, index.hashes_of(victims))
+            return
+        seen: set[int] = set()
+        bad = len(victims)
+
+        def evictable(block) -> bool:
+            return type(block) is int and 0 <= block < len(ref) and not ref[block] and index.held(block)
+
+        for i, block in enumerate(victims):
+            if not evictable(block) or block in seen:
+                bad = i
+                break
+            seen.add(block)
+        taken = victims[:bad] if len(victims) == k else []
+        index.remove_blocks(taken, False)
+        self._took(taken, out)
+        on_released = self.policy.on_released
+        for block in victims[len(taken):]:
+            if evictable(block) and block not in self.policy:
+                on_released(block)
+        if len(victims) != k:
+            raise PolicyError(f"eviction policy {name!r} returned {len(victims)} blocks from evict_many({k})")
+        raise PolicyError(f"eviction policy {name!r} returned {victims[bad]!r} from evict_many(), "
+                          "which is not an evictable cached block")
+
+    def _took(self, taken: list[int], out: list[int]) -> None:
+        out.extend(taken)
+        self.evictions += len(taken)
+        reused = self._reused
+        if reused is not None:
+            self.unused_removals += list(map(reused.__getitem__, taken)).count(False)
+            for block in taken:
+                reused[block] = False
+
+    # -- host tier -------------------------------------------------------------
+    def take_cached(self, blocks: list[int], *, distinct: bool = False) -> None:
+        ref = self.ref_count
+        if (self._hit_batch is not None and len(blocks) > 1 and not self._duplicates and self.events is None
+                and list(map(ref.__getitem__, blocks)).count(0) == len(blocks)
+                and (distinct or len(set(blocks)) == len(blocks))
+                and self.index.count_held(blocks) == len(blocks)):
+            self._hit_batch(blocks)
+            self.index.remove_blocks(blocks, False)
+            for block in blocks:
+                ref[block] = 1
+            self.forgotten += len(blocks)
+            if self._reused is not None:
+                reused = self._reused
+                for block in blocks:
+                    reused[block] = False
+            return
+        super().take_cached(blocks, distinct=distinct)
+
+    def _clear_index(self) -> None:
+        self.index.clear()
