@@ -3,7 +3,8 @@
 ``BlockPool`` keeps a dict (hash object -> block) and a list (block -> hash object): ~160 B per
 cached block at 1M blocks, most of it the hash object (49 B for a 16-byte digest), the dict entry
 (~42 B) and the block's int object (32 B). Here a cached block costs its digest as ``w`` uint64
-words in ``keys`` (16 B for xxh3_128), a flag byte and 4-8 bytes of table slots, and the loops
+words in ``keys`` (16 B for xxh3_128), a flag byte and 16 bytes of table slots (8 B each, at
+most half full), and the loops
 that probe the table are compiled (``kernels``): a batch of lookups, insertions or deletions is one
 call. Keys are ``bytes`` of exactly ``width`` bytes (what ``BlockHasher`` produces); a hash handed
 back (``hash_of``) is a fresh ``bytes`` equal to the one stored.
@@ -47,8 +48,9 @@ class FlatIndex:
         self.words = width // 8
         self.keys = np.zeros((0, self.words), np.uint64)
         self.has = np.zeros(0, np.uint8)
-        self.slots = np.zeros(_MIN_TABLE, np.int32)
+        self.slots = np.zeros(_MIN_TABLE, np.int64)
         self.count = 0          # entries in the table
+        self._scratch = np.zeros(1, np.int64)
 
     # -- sizes ---------------------------------------------------------------
     def ensure_blocks(self, n: int) -> None:
@@ -70,8 +72,8 @@ class FlatIndex:
             return
         while size < need:
             size *= 2
-        new = np.zeros(size, np.int32)
-        kernels.rehash(self.slots, new, self.keys)
+        new = np.zeros(size, np.int64)
+        kernels.rehash(self.slots, new)
         self.slots = new
 
     def __len__(self) -> int:
@@ -133,7 +135,7 @@ class FlatIndex:
         except (TypeError, ValueError):
             return default      # not a key of this index: not in it (as a dict says)
         s = kernels.find_slot(self.slots, self.keys, q, 0)
-        return default if s < 0 else int(self.slots[s]) - 1
+        return default if s < 0 else (int(self.slots[s]) & 0xFFFFFFFF) - 1
 
     def __contains__(self, h) -> bool:
         return self.get(h) is not None
@@ -162,26 +164,27 @@ class FlatIndex:
         n = q.shape[0]
         self._reserve(n)
         got = np.empty(n, np.int64)
-        self.count += int(kernels.insert_many(self.slots, self.keys, self.has, q, as_block_array(blocks), got))
+        self.count += int(kernels.insert_many(self.slots, self.keys, self.has, q, as_block_array(blocks), got,
+                                                         self._scratch))
         return got.tolist()
 
     def lookup_many(self, q: np.ndarray) -> np.ndarray:
         """Per key: its block, or -1."""
         out = np.empty(q.shape[0], np.int64)
-        kernels.lookup_many(self.slots, self.keys, q, out)
+        kernels.lookup_many(self.slots, self.keys, q, out, self._scratch)
         return out
 
     def lookup_run(self, q: np.ndarray) -> list[int]:
         """The blocks of the leading run of ``q``'s keys found."""
         out = np.empty(q.shape[0], np.int64)
-        n = kernels.lookup_run(self.slots, self.keys, q, out)
+        n = kernels.lookup_run(self.slots, self.keys, q, out, self._scratch)
         return out[:n].tolist()
 
     def remove_blocks(self, blocks: Iterable[int], check: bool) -> int:
         """Take the keys of ``blocks`` out; see ``kernels.remove_blocks``. Returns -1, or (check
         failed: nothing changed) the index of the first block that holds no key in the table."""
         arr = as_block_array(blocks)
-        bad = int(kernels.remove_blocks(self.slots, self.keys, self.has, arr, check))
+        bad = int(kernels.remove_blocks(self.slots, self.keys, self.has, arr, check, self._scratch))
         if bad < 0:
             self.count -= arr.shape[0]
         return bad
@@ -191,6 +194,6 @@ class FlatIndex:
         return kernels.table_blocks(self.slots).tolist()
 
     def clear(self) -> None:
-        self.slots = np.zeros(_MIN_TABLE, np.int32)
+        self.slots = np.zeros(_MIN_TABLE, np.int64)
         self.has[:] = 0
         self.count = 0

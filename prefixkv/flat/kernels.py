@@ -1,9 +1,13 @@
 """Compiled loops (numba) over the flat hash index's arrays; ``FlatIndex`` is their only caller.
 
-The table is open addressing with linear probing: ``slots[s]`` is 0 (empty) or ``block + 1``;
-the key of the entry in a slot is ``keys[block]`` (a digest as ``w`` uint64 words), so a slot costs
-4 bytes and a key is stored once, with its block. Deletion shifts the following run back
-(no tombstones), so a table never degrades however many evictions it has seen.
+The table is open addressing with linear probing. ``slots[s]`` is 0 (empty) or
+``tag << 32 | (block + 1)``, where ``tag`` is 32 bits of the key's mixed hash and the key's home
+slot is ``tag & mask``: a probe compares tags before it reads a key (``keys[block]``, stored once,
+with its block), and deleting or rehashing never reads a key at all. Deletion shifts the
+following run back (no tombstones), so a table never degrades however many evictions it has seen.
+Loops over a batch first compute every home and touch every home slot (independent loads the
+CPU overlaps: at 1M blocks each is a cache miss), then probe; the touches' sum goes to
+``scratch[0]`` so that the compiler keeps them.
 ``has[block]`` is 1 while the block holds its key, in the table or not (see ``FlatIndex``).
 """
 
@@ -16,11 +20,13 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_LOW32 = np.uint64(0xFFFFFFFF)
+_BLOCK = np.int64(0xFFFFFFFF)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _home(row, mask):
-    """The slot a key starts probing at. Digests are uniform already; the mix keeps keys that are
+def _tag(row):
+    """32 bits of the key's mixed hash. Digests are uniform already; the mix keeps keys that are
     not (small integers laid out as bytes) from crowding one probe run."""
     h = row[0]
     for j in range(1, row.shape[0]):
@@ -30,7 +36,7 @@ def _home(row, mask):
     h ^= h >> _S27
     h *= _MIX2
     h ^= h >> _S31
-    return np.int64(h & np.uint64(mask))
+    return np.int64(h & _LOW32)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -42,83 +48,88 @@ def _same(keys, block, q, i):
 
 
 @njit(cache=True, nogil=True)
-def find_slot(slots, keys, q, i):
-    """The slot holding key ``q[i]``, or -1."""
-    mask = slots.shape[0] - 1
-    s = _home(q[i], mask)
+def _tags(rows, mask, slots):
+    """Every row's tag; touches each home slot first (see the module docstring)."""
+    n = rows.shape[0]
+    tags = np.empty(n, np.int64)
+    for i in range(n):
+        tags[i] = _tag(rows[i])
+    touched = np.int64(0)
+    for i in range(n):
+        touched += slots[tags[i] & mask]
+    return tags, touched
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _probe(slots, keys, q, i, tag, mask):
+    """The slot holding key ``q[i]`` (whose tag is ``tag``), or -(the empty slot ending the run) - 1."""
+    s = tag & mask
     while True:
         v = slots[s]
         if v == 0:
-            return -1
-        if _same(keys, v - 1, q, i):
+            return -s - 1
+        if ((v >> 32) & _BLOCK) == tag and _same(keys, (v & _BLOCK) - 1, q, i):
             return s
         s = (s + 1) & mask
 
 
 @njit(cache=True, nogil=True)
-def lookup_many(slots, keys, q, out):
-    """``out[i]``: the block holding ``q[i]``, or -1."""
-    mask = slots.shape[0] - 1
-    for i in range(q.shape[0]):
-        s = _home(q[i], mask)
-        out[i] = -1
-        while True:
-            v = slots[s]
-            if v == 0:
-                break
-            if _same(keys, v - 1, q, i):
-                out[i] = v - 1
-                break
-            s = (s + 1) & mask
+def find_slot(slots, keys, q, i):
+    """The slot holding key ``q[i]``, or -1."""
+    s = _probe(slots, keys, q, i, _tag(q[i]), slots.shape[0] - 1)
+    return s if s >= 0 else -1
 
 
 @njit(cache=True, nogil=True)
-def lookup_run(slots, keys, q, out):
+def lookup_many(slots, keys, q, out, scratch):
+    """``out[i]``: the block holding ``q[i]``, or -1."""
+    mask = slots.shape[0] - 1
+    tags, touched = _tags(q, mask, slots)
+    for i in range(q.shape[0]):
+        s = _probe(slots, keys, q, i, tags[i], mask)
+        out[i] = (slots[s] & _BLOCK) - 1 if s >= 0 else -1
+    scratch[0] = touched
+
+
+@njit(cache=True, nogil=True)
+def lookup_run(slots, keys, q, out, scratch):
     """The blocks of ``q``'s leading run of hits into ``out``; returns the run's length."""
     mask = slots.shape[0] - 1
+    tags, scratch[0] = _tags(q, mask, slots)
     for i in range(q.shape[0]):
-        s = _home(q[i], mask)
-        while True:
-            v = slots[s]
-            if v == 0:
-                return i
-            if _same(keys, v - 1, q, i):
-                out[i] = v - 1
-                break
-            s = (s + 1) & mask
+        s = _probe(slots, keys, q, i, tags[i], mask)
+        if s < 0:
+            return i
+        out[i] = (slots[s] & _BLOCK) - 1
     return q.shape[0]
 
 
 @njit(cache=True, nogil=True)
-def insert_many(slots, keys, has, q, blocks, got):
+def insert_many(slots, keys, has, q, blocks, got, scratch):
     """``got[i] = setdefault(q[i], blocks[i])`` in order: a key found keeps its block (a later
     duplicate of a key inserted earlier in the batch finds that one); a new key goes in with its
     block, whose ``keys`` row and ``has`` flag are written. Returns the number inserted. The
     caller keeps the table at most half full after the batch."""
     mask = slots.shape[0] - 1
+    tags, scratch[0] = _tags(q, mask, slots)
     inserted = 0
     for i in range(q.shape[0]):
-        s = _home(q[i], mask)
-        while True:
-            v = slots[s]
-            if v == 0:
-                b = blocks[i]
-                for j in range(q.shape[1]):
-                    keys[b, j] = q[i, j]
-                has[b] = 1
-                slots[s] = b + 1
-                got[i] = b
-                inserted += 1
-                break
-            if _same(keys, v - 1, q, i):
-                got[i] = v - 1
-                break
-            s = (s + 1) & mask
+        s = _probe(slots, keys, q, i, tags[i], mask)
+        if s >= 0:
+            got[i] = (slots[s] & _BLOCK) - 1
+            continue
+        b = blocks[i]
+        for j in range(q.shape[1]):
+            keys[b, j] = q[i, j]
+        has[b] = 1
+        slots[-s - 1] = (tags[i] << 32) | (b + 1)
+        got[i] = b
+        inserted += 1
     return inserted
 
 
 @njit(cache=True, nogil=True)
-def _delete_slot(slots, keys, s):
+def _delete_slot(slots, s):
     """Empty slot ``s``, shifting back the entries after it that may move (linear probing)."""
     mask = slots.shape[0] - 1
     j = s
@@ -127,7 +138,7 @@ def _delete_slot(slots, keys, s):
         v = slots[j]
         if v == 0:
             break
-        home = _home(keys[v - 1], mask)
+        home = (v >> 32) & mask
         # the entry at j may fill the hole at s unless its home lies in (s, j] (cyclically)
         if ((j - home) & mask) >= ((j - s) & mask):
             slots[s] = v
@@ -135,37 +146,45 @@ def _delete_slot(slots, keys, s):
     slots[s] = 0
 
 
-@njit(cache=True, nogil=True)
-def _slot_of_block(slots, keys, block):
-    mask = slots.shape[0] - 1
-    s = _home(keys[block], mask)
+@njit(cache=True, nogil=True, inline="always")
+def _slot_of_block(slots, block, tag, mask):
+    s = tag & mask
+    want = (tag << 32) | (block + 1)
     while True:
         v = slots[s]
         if v == 0:
             return -1
-        if v == block + 1:
+        if v == want:
             return s
         s = (s + 1) & mask
 
 
 @njit(cache=True, nogil=True)
-def remove_blocks(slots, keys, has, blocks, check):
+def remove_blocks(slots, keys, has, blocks, check, scratch):
     """Take each block's key out of the table and clear its ``has`` flag. ``check``: first make
     sure every block holds a key in the table and none is listed twice; if one does not, nothing
     changes and its index is returned. Returns -1 once done."""
     n = blocks.shape[0]
+    mask = slots.shape[0] - 1
     if check:
         for i in range(n):
             b = blocks[i]
-            if b < 0 or b >= has.shape[0] or has[b] != 1 or _slot_of_block(slots, keys, b) < 0:
+            if b < 0 or b >= has.shape[0] or has[b] != 1 or _slot_of_block(slots, b, _tag(keys[b]), mask) < 0:
                 for k in range(i):
                     has[blocks[k]] = 1
                 return i
             has[b] = 2       # seen: a second listing fails the check above
+    tags = np.empty(n, np.int64)
+    for i in range(n):
+        tags[i] = _tag(keys[blocks[i]])
+    touched = np.int64(0)
+    for i in range(n):
+        touched += slots[tags[i] & mask]
     for i in range(n):
         b = blocks[i]
-        _delete_slot(slots, keys, _slot_of_block(slots, keys, b))
+        _delete_slot(slots, _slot_of_block(slots, b, tags[i], mask))
         has[b] = 0
+    scratch[0] = touched       # observable, so the touching pass is not optimised away
     return -1
 
 
@@ -175,8 +194,8 @@ def remove_key(slots, keys, has, q):
     s = find_slot(slots, keys, q, 0)
     if s < 0:
         return -1
-    b = slots[s] - 1
-    _delete_slot(slots, keys, s)
+    b = (slots[s] & _BLOCK) - 1
+    _delete_slot(slots, s)
     has[b] = 0
     return b
 
@@ -185,21 +204,20 @@ def remove_key(slots, keys, has, q):
 def assign(slots, keys, has, q, block):
     """``map[q[0]] = block``: a key found is re-pointed (its old block keeps its row, flag
     cleared), a new one inserted. Returns the block it pointed at before, or -1."""
-    s = find_slot(slots, keys, q, 0)
+    mask = slots.shape[0] - 1
+    tag = _tag(q[0])
+    s = _probe(slots, keys, q, 0, tag, mask)
     for j in range(q.shape[1]):
         keys[block, j] = q[0, j]
     has[block] = 1
+    entry = (tag << 32) | (block + 1)
     if s < 0:
-        mask = slots.shape[0] - 1
-        s = _home(q[0], mask)
-        while slots[s] != 0:
-            s = (s + 1) & mask
-        slots[s] = block + 1
+        slots[-s - 1] = entry
         return -1
-    old = slots[s] - 1
+    old = (slots[s] & _BLOCK) - 1
     if old != block:
         has[old] = 0
-    slots[s] = block + 1
+    slots[s] = entry
     return old
 
 
@@ -214,13 +232,13 @@ def count_held(has, blocks):
 
 
 @njit(cache=True, nogil=True)
-def rehash(old, new, keys):
+def rehash(old, new):
     """Every entry of table ``old`` into the empty table ``new`` (a growth)."""
     mask = new.shape[0] - 1
     for s in range(old.shape[0]):
         v = old[s]
         if v != 0:
-            t = _home(keys[v - 1], mask)
+            t = (v >> 32) & mask
             while new[t] != 0:
                 t = (t + 1) & mask
             new[t] = v
@@ -237,6 +255,6 @@ def table_blocks(slots):
     n = 0
     for s in range(slots.shape[0]):
         if slots[s] != 0:
-            out[n] = slots[s] - 1
+            out[n] = (slots[s] & _BLOCK) - 1
             n += 1
     return out
