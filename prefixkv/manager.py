@@ -166,7 +166,8 @@ class KVCacheManager:
             from .tiers.host import HostTier
             self.host = HostTier(num_host_blocks, block_size, policy=host_policy,
                                  cache=host_cache and enable_caching, inclusive=host_inclusive,
-                                 record_events=record_events)
+                                 record_events=record_events,
+                                 digest_size=self.hasher.digest_size if self.pool._index_stores_hashes else None)
             self.host.pool.events = self.pool.events          # one ordered stream for every tier
             if self.host.cache:
                 self.pool.on_evict_many = self._demote

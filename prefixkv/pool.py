@@ -503,61 +503,81 @@ class BlockPool:
 
     def _evict_batch(self, k: int, out: list[int]) -> None:
         """``k`` victims from the policy's ``evict_many``, uncached and appended to ``out``: the
-        work of ``k`` ``_evict_one`` calls (no events, no duplicates) in one loop; ``on_evict_many``
-        sees the burst before any victim is reused. A victim that is not an evictable cached block
-        raises PolicyError; the victims before it are in ``out`` (uncached), the ones after it go
-        back to the policy."""
+        work of ``k`` ``_evict_one`` calls (no events, no duplicates) in one pass; ``on_evict_many``
+        sees the burst before any victim is reused. A policy returning a block it must not (not
+        a block id, active, uncached, listed twice, or the wrong number of blocks) gets
+        PolicyError: the victims before that one are taken (uncached, in ``out``) and the valid
+        ones after it go back to the policy (none is taken when the count is wrong)."""
         name = getattr(self.policy, "name", type(self.policy).__name__)
         try:
             victims = self._evict_many(k)
         except Exception as exc:
             raise PolicyError(f"eviction policy {name!r} raised in evict_many(): {type(exc).__name__}: {exc}") from exc
-        block_hash = self.block_hash
-        ref = self.ref_count
-        cached = self._cached
-        reused = self._reused
-        done = 0
-        size = len(cached)
-        try:
-            if len(victims) != k or min(victims) < 0:
-                raise PolicyError(f"eviction policy {name!r} returned {len(victims)} blocks from "
-                                  f"evict_many({k}), or a negative one")
-            hashes = list(map(block_hash.__getitem__, victims))   # IndexError, TypeError: not block ids
-            if any(map(ref.__getitem__, victims)):
-                done = next(i for i, block in enumerate(victims) if ref[block])    # the first active one
-                for i in range(done):
-                    del cached[hashes[i]]
-                raise KeyError
-            # None (an uncached block) and a block returned twice raise KeyError at that block
-            # (a loop: dict.__delitem__ through map is a slow slot wrapper)
-            for block, h in zip(victims, hashes):
-                del cached[h]
-                block_hash[block] = None
-            done = k
+        hashes = self._uncache_checked(victims, k)
+        if hashes is not None:
+            self._took(victims, out)
             if self.on_evict_many is not None:
                 self.on_evict_many(victims, hashes)
-        except (IndexError, TypeError, KeyError):
-            if not done:
-                done = size - len(cached)     # deleted before the failing one
-            raise PolicyError(f"eviction policy {name!r} returned {victims[done]!r} from evict_many(), "
-                              "which is not an evictable cached block") from None
-        finally:
-            taken = victims[:done]
-            if done < k:     # (a complete burst cleared them as it went)
-                for block in taken:
-                    block_hash[block] = None
-            out.extend(taken)
-            self.evictions += done
-            if reused is not None:
-                self.unused_removals += list(map(reused.__getitem__, taken)).count(False)
-                for block in taken:
-                    reused[block] = False
-            if done < len(victims):      # give the policy back the valid victims it lost
-                on_released = self.policy.on_released
-                for block in victims[done + 1:]:
-                    if (type(block) is int and 0 <= block < len(block_hash) and block_hash[block] is not None
-                            and not ref[block] and block not in self.policy):
-                        on_released(block)
+            return
+        ref = self.ref_count
+        is_cached = self.is_cached
+
+        def evictable(block) -> bool:
+            return type(block) is int and 0 <= block < len(ref) and not ref[block] and is_cached(block)
+
+        seen: set[int] = set()
+        bad = len(victims)
+        for i, block in enumerate(victims):
+            if not evictable(block) or block in seen:
+                bad = i
+                break
+            seen.add(block)
+        taken = victims[:bad] if len(victims) == k else []
+        self._uncache(taken)
+        self._took(taken, out)
+        on_released = self.policy.on_released
+        for block in victims[len(taken):]:
+            if evictable(block) and block not in self.policy:
+                on_released(block)
+        if len(victims) != k:
+            raise PolicyError(f"eviction policy {name!r} returned {len(victims)} blocks from evict_many({k})")
+        raise PolicyError(f"eviction policy {name!r} returned {victims[bad]!r} from evict_many(), "
+                          "which is not an evictable cached block")
+
+    def _uncache_checked(self, victims: list, k: int) -> list | None:
+        """Uncache ``victims`` if they are ``k`` distinct evictable cached blocks, returning their
+        hashes; else None, changing nothing."""
+        block_hash, ref = self.block_hash, self.ref_count
+        try:
+            if len(victims) != k or (k and min(victims) < 0):
+                return None
+            hashes = list(map(block_hash.__getitem__, victims))
+            if any(map(ref.__getitem__, victims)) or None in hashes or len(set(victims)) != k:
+                return None
+        except (IndexError, TypeError):      # not block ids
+            return None
+        cached = self._cached
+        for block, h in zip(victims, hashes):
+            del cached[h]
+            block_hash[block] = None
+        return hashes
+
+    def _uncache(self, blocks: list[int]) -> None:
+        """Drop the hashes of evictable cached ``blocks`` (no duplicates are tracked)."""
+        block_hash, cached = self.block_hash, self._cached
+        for block in blocks:
+            del cached[block_hash[block]]
+            block_hash[block] = None
+
+    def _took(self, taken: list[int], out: list[int]) -> None:
+        """Count ``taken`` (uncached victims) as evicted and hand them out."""
+        out.extend(taken)
+        self.evictions += len(taken)
+        reused = self._reused
+        if reused is not None:
+            self.unused_removals += gather(reused, taken).count(False) if taken else 0
+            for block in taken:
+                reused[block] = False
 
     def _drop_hash(self, block: int, block_hash: Hashable) -> None:
         """``block`` no longer holds ``block_hash``: an active duplicate takes the hash over, or

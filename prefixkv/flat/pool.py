@@ -146,70 +146,26 @@ class FlatBlockPool(BlockPool):
             name = getattr(self.policy, "name", type(self.policy).__name__)
             raise PolicyError(f"eviction policy {name!r} raised in evict_many(): {type(exc).__name__}: {exc}") from exc
         self.index.remove_blocks(victims, False)
-        reused = self._reused
-        if reused is not None:
-            self.unused_removals += list(map(reused.__getitem__, victims)).count(False)
-            for block in victims:
-                reused[block] = False
-        self.evictions += len(victims)
+        self._took(victims, out)
         if self.on_evict_many is not None:
             # the removed blocks' key rows stay readable until the blocks take new keys
             self.on_evict_many(victims, self.index.hashes_of(victims))
-        out += victims
 
-    def _evict_batch(self, k: int, out: list[int]) -> None:
-        """``BlockPool._evict_batch`` with the victims checked and uncached in compiled passes. A
-        policy returning a block it must not (not a block id, active, uncached, listed twice, or
-        the wrong number of blocks) gets PolicyError; the victims before that one are taken
-        (uncached) and the valid ones after it go back to the policy."""
-        name = getattr(self.policy, "name", type(self.policy).__name__)
-        try:
-            victims = self._evict_many(k)
-        except Exception as exc:
-            raise PolicyError(f"eviction policy {name!r} raised in evict_many(): {type(exc).__name__}: {exc}") from exc
-        ref = self.ref_count
+    def _uncache_checked(self, victims: list, k: int):
         index = self.index
         try:
             arr = index_blocks(victims)
-            valid = len(victims) == k and (not k or (int(arr.min()) >= 0 and int(arr.max()) < len(ref)))
+            if len(victims) != k or (k and (int(arr.min()) < 0 or int(arr.max()) >= len(self.ref_count))):
+                return None
         except (TypeError, ValueError, OverflowError):       # not block ids
-            valid = False
-        if valid and not any(map(ref.__getitem__, victims)) and index.remove_blocks(arr, True) < 0:
-            self._took(victims, out)
-            if self.on_evict_many is not None:
-                self.on_evict_many(victims, index.hashes_of(victims))
-            return
-        seen: set[int] = set()
-        bad = len(victims)
+            return None
+        if any(map(self.ref_count.__getitem__, victims)) or index.remove_blocks(arr, True) >= 0:
+            return None
+        # the removed blocks' key rows stay readable until the blocks take new keys
+        return index.hashes_of(victims) if self.on_evict_many is not None else ()
 
-        def evictable(block) -> bool:
-            return type(block) is int and 0 <= block < len(ref) and not ref[block] and index.held(block)
-
-        for i, block in enumerate(victims):
-            if not evictable(block) or block in seen:
-                bad = i
-                break
-            seen.add(block)
-        taken = victims[:bad] if len(victims) == k else []
-        index.remove_blocks(taken, False)
-        self._took(taken, out)
-        on_released = self.policy.on_released
-        for block in victims[len(taken):]:
-            if evictable(block) and block not in self.policy:
-                on_released(block)
-        if len(victims) != k:
-            raise PolicyError(f"eviction policy {name!r} returned {len(victims)} blocks from evict_many({k})")
-        raise PolicyError(f"eviction policy {name!r} returned {victims[bad]!r} from evict_many(), "
-                          "which is not an evictable cached block")
-
-    def _took(self, taken: list[int], out: list[int]) -> None:
-        out.extend(taken)
-        self.evictions += len(taken)
-        reused = self._reused
-        if reused is not None:
-            self.unused_removals += list(map(reused.__getitem__, taken)).count(False)
-            for block in taken:
-                reused[block] = False
+    def _uncache(self, blocks: list[int]) -> None:
+        self.index.remove_blocks(blocks, False)
 
     # -- host tier -------------------------------------------------------------
     def take_cached(self, blocks: list[int], *, distinct: bool = False) -> None:

@@ -23,7 +23,7 @@ from itertools import compress
 from typing import Hashable, Sequence
 
 from ..policies import make_policy
-from ..pool import BlockPool, leading
+from ..pool import BlockPool
 
 MEDIUM = "CPU"
 
@@ -33,10 +33,17 @@ class HostTier:
     synchronous = True
 
     def __init__(self, num_blocks: int, block_size: int, *, policy="lru", cache: bool = True,
-                 inclusive: bool = False, record_events: bool = False) -> None:
-        """``cache=False`` keeps today's swap-only host space: nothing is published or found here."""
+                 inclusive: bool = False, record_events: bool = False, digest_size: int | None = None) -> None:
+        """``cache=False`` keeps today's swap-only host space: nothing is published or found here.
+        ``digest_size``: the device pool keeps a flat index of digests this wide
+        (``prefixkv.flat``), so this pool does too; None: a dict index, as the device's."""
         policy = make_policy(policy) if isinstance(policy, str) else policy
-        self.pool = BlockPool(num_blocks, block_size, policy, record_events=record_events, medium=MEDIUM)
+        if digest_size is None:
+            self.pool = BlockPool(num_blocks, block_size, policy, record_events=record_events, medium=MEDIUM)
+        else:
+            from ..flat.pool import FlatBlockPool
+            self.pool = FlatBlockPool(num_blocks, block_size, policy, digest_size=digest_size,
+                                      record_events=record_events, medium=MEDIUM)
         self.cache = cache
         self.inclusive = inclusive
         self.stores = 0            # demotions written here
@@ -58,7 +65,7 @@ class HostTier:
     def count_leading(self, hashes: Sequence[Hashable], start: int = 0) -> int:
         if not self.cache:
             return 0
-        return len(leading(self.pool.lookup, hashes, start, len(hashes)))
+        return len(self.pool.leading_hits(hashes, start, len(hashes)))
 
     def stats(self) -> dict:
         pool = self.pool
@@ -108,7 +115,7 @@ class HostTier:
             return []
         if parents is None or depths is None:
             parents, depths = [None] * len(blocks), [0] * len(blocks)
-        if not pool.cached_map.keys().isdisjoint(hashes):
+        if not pool.holds_none(hashes):
             new = [p is None for p in map(pool.lookup, hashes)]
             blocks, hashes, parents, depths = (list(compress(values, new)) for values in (blocks, hashes, parents, depths))
         room = pool.num_free
