@@ -122,13 +122,21 @@ class FlatBlockPool(BlockPool):
     def leading_hits(self, hashes: Sequence[Hashable], start: int, limit: int) -> list[int]:
         if start >= limit:
             return []
-        return self.index.lookup_run(self.index.column(hashes[start:limit]))
+        try:
+            q = self.index.column(hashes[start:limit])
+        except (TypeError, ValueError):     # not all digests of this width: none of those is cached
+            return super().leading_hits(hashes, start, limit)
+        return self.index.lookup_run(q)
 
     def holds_none(self, hashes: Iterable[Hashable]) -> bool:
         hashes = list(hashes)
         if not hashes:
             return True
-        return int(self.index.lookup_many(self.index.column(hashes)).max()) < 0
+        try:
+            q = self.index.column(hashes)
+        except (TypeError, ValueError):
+            return super().holds_none(hashes)
+        return int(self.index.lookup_many(q).max()) < 0
 
     def _uncached_among(self, blocks: list[int]) -> int:
         return len(blocks) - self.index.count_held(blocks)
