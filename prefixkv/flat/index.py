@@ -130,10 +130,13 @@ class FlatIndex:
 
     # -- the map -------------------------------------------------------------
     def get(self, h, default=None):
-        try:
-            q = self.key(h)
-        except (TypeError, ValueError):
-            return default      # not a key of this index: not in it (as a dict says)
+        if type(h) is bytes and len(h) == self.width:      # the common case, without a join
+            q = np.frombuffer(h, np.uint64).reshape(1, self.words)
+        else:
+            try:
+                q = self.key(h)
+            except (TypeError, ValueError):
+                return default      # not a key of this index: not in it (as a dict says)
         s = kernels.find_slot(self.slots, self.keys, q, 0)
         return default if s < 0 else (int(self.slots[s]) & 0xFFFFFFFF) - 1
 

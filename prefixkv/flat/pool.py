@@ -120,8 +120,8 @@ class FlatBlockPool(BlockPool):
 
     # -- lookups ---------------------------------------------------------------
     def leading_hits(self, hashes: Sequence[Hashable], start: int, limit: int) -> list[int]:
-        if start >= limit:
-            return []
+        if start >= limit or self.index.get(hashes[start]) is None:
+            return []       # a fresh prompt: told by one probe, not a column of its hashes
         try:
             q = self.index.column(hashes[start:limit])
         except (TypeError, ValueError):     # not all digests of this width: none of those is cached
