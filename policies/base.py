@@ -24,7 +24,10 @@ One policy object serves one pool (``bind`` does not reset state); it may size
 itself from ``pool.num_blocks`` and ``pool.block_size`` at ``bind`` and keep
 references to the pool's metadata lists (they are refilled in place on reset).
 Those lists cover only the blocks handed out so far (``len(pool.block_hash)``)
-and grow in place; a policy that keeps its own per-block list sizes it to that
+and grow in place. ``pool.block_hash`` is read-only to a policy and may be a sequence
+view rather than a list: a pool with a flat index (``prefixkv.flat``) reads each block's
+digest back from its arrays, so the hash a policy gets is an equal ``bytes``, not the object
+that was published (key dicts by it, never compare it by identity); a policy that keeps its own per-block list sizes it to that
 length at ``bind`` and defines ``on_grow(num_blocks)``, called after each growth.
 ``pool.priority[block]`` is the priority of the sequence that released the
 block last: larger means more important.
