@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from itertools import compress
 from operator import itemgetter
 from types import MappingProxyType
-from typing import Hashable, Iterable, Sequence
+from typing import Hashable, Sequence
 
 import numpy as np
 
-from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidArgument, InvalidTokens,
-                     InvariantViolation, NoHostBlocks, OutOfBlocks, PolicyError, SequencePreempted, SequenceTooLong, UnknownSequence)
+from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidArgument, InvariantViolation,
+                      NoHostBlocks, OutOfBlocks, PolicyError, SequencePreempted, SequenceTooLong, UnknownSequence)
 from .events import KVEvent
 from .hashing import (NO_EXTRA_KEYS, TOKEN_TYPECODE, BlockHasher, ExtraKeys, as_hash_list, encode_tokens,
                       repeated_hash)
@@ -127,7 +127,7 @@ class KVCacheManager:
         * ``track_reuse``: count cache residencies that end without a single hit
           (``stats().unused_removals``; None when off); costs a store per hit block.
         * ``index``: how the pool keeps its hash index. ``"flat"``: in flat arrays probed by
-          compiled loops (``prefixkv.flat``; needs numba): ~90 B per cached block instead of
+          compiled loops (``prefixkv.flat``; needs numba): ~98 B per cached block instead of
           ~160 and faster batches, but every hash must be one of this manager's digests (bytes of
           ``hash_algorithm``'s size), so ``prompt_from_hashes`` takes only those. ``"dict"``: a
           dict of hash objects, any hashable (a trace's integer ids), and the one ``verify`` uses.
