@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 from dataclasses import dataclass
 from typing import Hashable, Literal
 
@@ -261,9 +262,7 @@ class Scheduler:
     def commit(self, rnd: Round) -> StepPlan:
         """Apply a round and return its plan; ``OutOfBlocks`` (nothing changed) if it does not fit."""
         mgr = self.mgr
-        for seq_id, _ in (*rnd.preempt, *rnd.swap_in, *rnd.grow, *rnd.admit):
-            if seq_id not in self.requests:
-                raise ValueError(f"request {seq_id!r} is not live")
+        self._check_round(rnd)
         capacity = round_capacity(mgr, rnd, self.requests)
         if capacity.host_needed > capacity.host_available:
             raise OutOfBlocks(capacity.host_needed, capacity.host_available, "swap-out of this round to host memory")
@@ -309,6 +308,36 @@ class Scheduler:
             # Whatever part of the round was applied, its KV will never be written.
             self._fail_requests(touched, exc, published=True)
             raise
+
+    def _check_round(self, rnd: Round) -> None:
+        """``ValueError`` unless every part of the round can be applied to its request as it is
+        now: checked before anything changes, so a bad round (hand-built, or a proposal committed
+        twice) fails nobody and leaves the cache alone."""
+        ok_modes = ("recompute", "swap")
+        parts = ((rnd.preempt, "preempted", (RequestStatus.RUNNING,)),
+                 (rnd.swap_in, "swapped in", (RequestStatus.SWAPPED,)),
+                 (rnd.grow, "grown", (RequestStatus.RUNNING,)),
+                 (rnd.admit, "admitted", (RequestStatus.WAITING, RequestStatus.PREEMPTED)))
+        for entries, what, statuses in parts:
+            for seq_id, arg in entries:
+                r = self.requests.get(seq_id)
+                if r is None:
+                    raise ValueError(f"request {seq_id!r} is not live")
+                if r.status not in statuses:
+                    raise ValueError(f"request {seq_id!r} is {r.status.value}: it cannot be {what}")
+                if entries is rnd.preempt:
+                    if arg not in ok_modes:
+                        raise ValueError(f"request {seq_id!r}: preemption mode must be 'recompute' or "
+                                         f"'swap', not {arg!r}")
+                    continue
+                try:
+                    if isinstance(arg, bool):
+                        raise TypeError
+                    arg = operator.index(arg)
+                except TypeError:
+                    raise ValueError(f"request {seq_id!r}: a token count must be an int, not {arg!r}") from None
+                if not 1 <= arg <= r.remaining:
+                    raise ValueError(f"request {seq_id!r} has {r.remaining} token(s) to compute, not {arg}")
 
     def _ordered_ops(self, ops: list[BlockOp]) -> list[BlockOp]:
         """The round's block moves in the order they must run: swap-outs and the host tier's

@@ -1,0 +1,86 @@
+"""Defects found in review of the scheduler, its plan/capacity/request/metrics modules and the
+Prometheus metrics (each test failed before its fix)."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixkv import KVCacheManager
+from prefixkv.costs import PreemptionCostModel
+from prefixkv.engine import (Engine, Request, RequestStatus, Round, Scheduler, SchedulerConfig,
+                             SimulatedClock, StepOutput)
+
+B = 4
+
+
+class EchoExecutor:
+    def __init__(self):
+        self.plans = []
+
+    def execute(self, plan):
+        self.plans.append(plan)
+        sampled = {r.request_id: (r.token_ids[-1] * 31 + 7) % 251 for r in plan.requests if r.sample}
+        return StepOutput(sampled, 1e-3 * plan.num_tokens)
+
+
+def make(num_blocks=32, host=0, caching=True, host_cache=False, policy="lru", cost=None, **config):
+    mgr = KVCacheManager(num_blocks, B, hash_seed=0, enable_caching=caching, num_host_blocks=host,
+                         host_cache=host_cache, policy=policy)
+    return mgr, Scheduler(mgr, SchedulerConfig(**config), cost or PreemptionCostModel(kv_bytes_per_token=512))
+
+
+def snapshot(sched):
+    return (sched.mgr.snapshot(), [(r.request_id, r.status, r.num_computed, len(r.tokens)) for r in
+                                   sched.running + sched.waiting], sched.step_count)
+
+
+def step(sched, ex):
+    plan = sched.schedule()
+    return plan, sched.update(plan, ex.execute(plan))
+
+
+# -- commit: a round it cannot apply is refused before anything changes -----------------------
+def _two_running():
+    mgr, sched = make(num_blocks=32, max_num_batched_tokens=64)
+    ex = EchoExecutor()
+    sched.add(Request("a", tuple(range(10)), max_new_tokens=5))
+    sched.add(Request("b", tuple(range(20, 26)), max_new_tokens=5))
+    step(sched, ex)
+    sched.add(Request("w", tuple(range(40, 45)), max_new_tokens=5))
+    return mgr, sched, ex
+
+
+@pytest.mark.parametrize("rnd", [
+    Round(grow=(("a", 0),)),                       # computes nothing
+    Round(grow=(("a", 2),)),                       # a decode has 1 token to compute
+    Round(grow=(("w", 1),)),                       # not running
+    Round(admit=(("a", 1),)),                      # running: admitted twice
+    Round(swap_in=(("w", 1),)),                    # not swapped
+    Round(preempt=(("w", "recompute"),)),          # not running
+    Round(admit=(("w", -3),)),
+    Round(grow=(("a", 1.0),)),                     # not an int
+    Round(preempt=(("a", "drop"),)),               # no such mode
+], ids=["grow-0", "grow-past-end", "grow-waiting", "admit-running", "swap-in-waiting",
+        "preempt-waiting", "admit-negative", "grow-float", "preempt-bad-mode"])
+def test_commit_refuses_a_round_it_cannot_apply_and_changes_nothing(rnd):
+    mgr, sched, _ = _two_running()
+    before = snapshot(sched)
+    with pytest.raises(ValueError):
+        sched.commit(rnd)
+    assert snapshot(sched) == before
+    assert all(r.status is RequestStatus.RUNNING for r in sched.running)
+    assert sched.requests["w"].status is RequestStatus.WAITING
+    mgr.check_invariants()
+
+
+def test_committing_the_same_round_twice_does_not_admit_twice():
+    mgr, sched = make(num_blocks=32, max_num_batched_tokens=64)
+    sched.add(Request("a", tuple(range(10)), max_new_tokens=5))
+    rnd = sched.propose()
+    assert rnd.admit == (("a", 10),)
+    sched.commit(rnd)
+    before = snapshot(sched)
+    with pytest.raises(ValueError):
+        sched.commit(rnd)
+    assert snapshot(sched) == before
+    assert sched.requests["a"].status is RequestStatus.RUNNING
