@@ -84,3 +84,27 @@ def test_committing_the_same_round_twice_does_not_admit_twice():
         sched.commit(rnd)
     assert snapshot(sched) == before
     assert sched.requests["a"].status is RequestStatus.RUNNING
+
+
+# -- when_full="wait": preemption only when nothing else could run ------------------------------
+def test_wait_mode_does_not_preempt_a_request_that_could_run():
+    """The oldest running request needs a new block and none is free, but the newer one has room
+    in its tail: with when_full="wait" the oldest sits this step out and the newer one runs
+    (it used to be preempted because nothing had been scheduled before the oldest)."""
+    mgr, sched = make(num_blocks=4, caching=False, when_full="wait", max_num_batched_tokens=64)
+    ex = EchoExecutor()
+    sched.add(Request("old", tuple(range(8)), max_new_tokens=4))      # 2 full blocks
+    sched.add(Request("new", tuple(range(20, 25)), max_new_tokens=2))  # 2 blocks, 3 free slots
+    step(sched, ex)
+    assert mgr.num_free_blocks == 0 and mgr.blocks_needed_to_append("old", 1) == 1
+    assert mgr.blocks_needed_to_append("new", 1) == 0
+    plan, finished = step(sched, ex)
+    assert plan.preempted == ()
+    assert [r.request_id for r in plan.requests] == ["new"]
+    assert [r.request_id for r in finished] == ["new"]
+    assert sched.requests["old"].status is RequestStatus.RUNNING
+    engine = Engine(sched, ex, clock=SimulatedClock())
+    engine.requests.update(sched.requests)
+    engine.run()
+    assert not sched.requests and mgr.stats().active_blocks == 0
+    mgr.check_invariants()

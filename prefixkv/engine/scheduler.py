@@ -178,8 +178,10 @@ class Scheduler:
             n = min(r.remaining, budget, chunk_cap)
             k = fit_append(mgr, rid, n, free)
             while k == 0:
-                if cfg.when_full == "wait" and grow:
-                    break                      # sits this step out, keeps its blocks
+                if cfg.when_full == "wait" and (grow or any(
+                        fit_append(mgr, p.request_id, min(p.remaining, budget, chunk_cap), free)
+                        for p in pending)):
+                    break                      # sits this step out, keeps its blocks: another runs
                 victim = pending.pop() if pending else r
                 choice = self._choose_preemption(victim, host_free)
                 choices[victim.request_id] = choice
