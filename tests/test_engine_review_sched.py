@@ -108,3 +108,77 @@ def test_wait_mode_does_not_preempt_a_request_that_could_run():
     engine.run()
     assert not sched.requests and mgr.stats().active_blocks == 0
     mgr.check_invariants()
+
+
+# -- a failed step's block moves: the host tier and loaded blocks must not keep unwritten KV -----
+class Boom(Exception):
+    pass
+
+
+def _host_tier_engine():
+    """A 4-block device with a host tier: "p"'s two full blocks cached; "x" then evicts one
+    of them to the host tier (a demotion) in a decode that publishes nothing."""
+    mgr, sched = make(num_blocks=4, host=8, host_cache=True, max_num_batched_tokens=64)
+    ex = EchoExecutor()
+    engine = Engine(sched, ex, clock=SimulatedClock())
+    p = list(range(100, 109))
+    engine.add_request(p, max_new_tokens=1, request_id="p")
+    engine.run()
+    engine.add_request(list(range(200, 208)), max_new_tokens=3, request_id="x")
+    engine.step()                                  # x's prompt
+    return mgr, sched, ex, engine, p
+
+
+def _failing_step(engine, ex):
+    real = ex.execute
+
+    def explode(plan):
+        ex.plans.append(plan)
+        raise Boom
+    ex.execute = explode
+    with pytest.raises(Boom):
+        engine.step()
+    ex.execute = real
+    return ex.plans[-1]
+
+
+def test_a_failed_step_forgets_the_blocks_it_demoted_to_the_host_tier():
+    mgr, sched, ex, engine, p = _host_tier_engine()
+    plan = _failing_step(engine, ex)             # x's decode: a demotion, nothing published
+    assert plan.blocks_moved("demote") == 1 and all(r.seq_len // B == r.start // B for r in plan.requests)
+    mgr.check_invariants()
+    # The demotion's copy never ran: the host block holds no KV of p's block, so it is no hit.
+    assert mgr.match(mgr.prompt(p)).lower_hit_blocks == 0
+    engine.add_request(p, max_new_tokens=1, request_id="again")
+    engine.run()
+    assert engine.requests["again"].output == [(p[-1] * 31 + 7) % 251]
+    mgr.check_invariants()
+
+
+def test_a_failed_step_forgets_the_blocks_it_loaded_from_the_host_tier():
+    mgr, sched, ex, engine, p = _host_tier_engine()
+    engine.run()                                   # x finishes; p's second block is on the host
+    assert mgr.match(mgr.prompt(p)).lower_hit_blocks == 1
+    engine.add_request(p[:8] + [7], max_new_tokens=1, request_id="q")
+    plan = _failing_step(engine, ex)             # q loads p's block, computes 1 token: publishes nothing
+    assert plan.blocks_moved("load") == 1 and all(r.seq_len // B == r.start // B for r in plan.requests)
+    mgr.check_invariants()
+    # The load never ran: the device block that took p's second block's hash holds no KV.
+    assert mgr.match(mgr.prompt(p)).hit_tokens < 8
+
+
+def test_a_failed_step_forgets_the_blocks_it_swapped_out_to_the_host_tier():
+    mgr, sched = make(num_blocks=11, host=16, host_cache=True, max_num_batched_tokens=64,
+                      cost=PreemptionCostModel(kv_bytes_per_token=512, mode="swap"))
+    ex = EchoExecutor()
+    engine = Engine(sched, ex, clock=SimulatedClock())
+    prompts = [list(range(10 * i, 10 * i + 8)) for i in range(4)]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, max_new_tokens=6, request_id=f"r{i}")
+    engine.step()                                  # 8 blocks taken, every decode needs a new one
+    plan = _failing_step(engine, ex)
+    assert plan.preempted == (("r3", "swap"),) and plan.blocks_moved("swap_out") == 2
+    assert all(r.seq_len // B == r.start // B for r in plan.requests)
+    mgr.check_invariants()
+    # r3's swap-out copies never ran: its prompt's blocks on the host hold no KV.
+    assert mgr.match(mgr.prompt(prompts[3] + [1])).hit_tokens == 0

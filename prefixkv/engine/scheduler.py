@@ -477,8 +477,12 @@ class Scheduler:
         swapping out), release their blocks, and drop cache entries it may have poisoned."""
         size = plan.block_size
         ids = [s.request_id for s in plan.requests] + [i for i, mode in plan.preempted if mode == "swap"]
+        # Hashes this step gave blocks whose bytes its copies or writes were to bring: full blocks
+        # computed, blocks swapped in or loaded (device), blocks demoted or swapped out (host tier).
+        host = self.mgr.host
+        moved = {"swap_in", "load", "demote"} | ({"swap_out"} if host is not None and host.cache else set())
         published = any(s.seq_len // size > s.start // size for s in plan.requests) or \
-            any(op.kind == "swap_in" for op in plan.block_ops)
+            any(op.kind in moved for op in plan.block_ops)
         requests = [self.requests[i] for i in ids if i in self.requests]
         self._fail_requests(requests, exc, published)
         return requests
