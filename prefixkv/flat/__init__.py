@@ -10,11 +10,13 @@ _AVAILABLE: bool | None = None
 
 
 def available() -> bool:
-    """numba imports here (checked once)."""
+    """numba and the compiled loops import here (checked once)."""
     global _AVAILABLE
     if _AVAILABLE is None:
         try:
             import numba  # noqa: F401
+
+            from . import kernels  # noqa: F401  (decorating them can fail where numba imports)
             _AVAILABLE = True
         except Exception:       # ImportError, or a numba that does not load on this Python / numpy
             _AVAILABLE = False

@@ -24,7 +24,19 @@ _LOW32 = np.uint64(0xFFFFFFFF)
 _BLOCK = np.int64(0xFFFFFFFF)
 
 
-@njit(cache=True, nogil=True, inline="always")
+def _jit(**options):
+    """``njit`` with numba's on-disk cache where it finds a writable place for one (beside this file,
+    or the user's cache dir); else compiled once per process: a read-only install with no writable
+    home makes ``cache=True`` raise at decoration, which would fail this import."""
+    def wrap(func):
+        try:
+            return njit(cache=True, **options)(func)
+        except RuntimeError:        # "cannot cache function ...: no locator available"
+            return njit(**options)(func)
+    return wrap
+
+
+@_jit(nogil=True, inline="always")
 def _tag(row):
     """32 bits of the key's mixed hash. Digests are uniform already; the mix keeps keys that are
     not (small integers laid out as bytes) from crowding one probe run."""
@@ -39,7 +51,7 @@ def _tag(row):
     return np.int64(h & _LOW32)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@_jit(nogil=True, inline="always")
 def _same(keys, block, q, i):
     for j in range(q.shape[1]):
         if keys[block, j] != q[i, j]:
@@ -47,7 +59,7 @@ def _same(keys, block, q, i):
     return True
 
 
-@njit(cache=True, nogil=True)
+@_jit(nogil=True)
 def _tags(rows, mask, slots):
     """Every row's tag; touches each home slot first (see the module docstring)."""
     n = rows.shape[0]
@@ -60,7 +72,7 @@ def _tags(rows, mask, slots):
     return tags, touched
 
 
-@njit(cache=True, nogil=True, inline="always")
+@_jit(nogil=True, inline="always")
 def _probe(slots, keys, q, i, tag, mask):
     """The slot holding key ``q[i]`` (whose tag is ``tag``), or -(the empty slot ending the run) - 1."""
     s = tag & mask
@@ -73,14 +85,14 @@ def _probe(slots, keys, q, i, tag, mask):
         s = (s + 1) & mask
 
 
-@njit(cache=True, nogil=True)
+@_jit(nogil=True)
 def find_slot(slots, keys, q, i):
     """The slot holding key ``q[i]``, or -1."""
     s = _probe(slots, keys, q, i, _tag(q[i]), slots.shape[0] - 1)
     return s if s >= 0 else -1
 
 
-@njit(cache=True, nogil=True)
+@_jit(nogil=True)
 def lookup_many(slots, keys, q, out, scratch):
     """``out[i]``: the block holding ``q[i]``, or -1."""
     mask = slots.shape[0] - 1
@@ -91,7 +103,7 @@ def lookup_many(slots, keys, q, out, scratch):
     scratch[0] = touched
 
 
-@njit(cache=True, nogil=True)
+@_jit(nogil=True)
 def lookup_run(slots, keys, q, out, scratch):
     """The blocks of ``q``'s leading run of hits into ``out``; returns the run's length."""
     mask = slots.shape[0] - 1
@@ -104,7 +116,7 @@ def lookup_run(slots, keys, q, out, scratch):
     return q.shape[0]
 
 
-@njit(cache=True, nogil=True)
+@_jit(nogil=True)
 def insert_many(slots, keys, has, q, blocks, got, scratch):
     """``got[i] = setdefault(q[i], blocks[i])`` in order: a key found keeps its block (a later
     duplicate of a key inserted earlier in the batch finds that one); a new key goes in with its
@@ -128,7 +140,7 @@ def insert_many(slots, keys, has, q, blocks, got, scratch):
     return inserted
 
 
-@njit(cache=True, nogil=True)
+@_jit(nogil=True)
 def _delete_slot(slots, s):
     """Empty slot ``s``, shifting back the entries after it that may move (linear probing)."""
     mask = slots.shape[0] - 1
@@ -146,7 +158,7 @@ def _delete_slot(slots, s):
     slots[s] = 0
 
 
-@njit(cache=True, nogil=True, inline="always")
+@_jit(nogil=True, inline="always")
 def _slot_of_block(slots, block, tag, mask):
     s = tag & mask
     want = (tag << 32) | (block + 1)
@@ -159,7 +171,7 @@ def _slot_of_block(slots, block, tag, mask):
         s = (s + 1) & mask
 
 
-@njit(cache=True, nogil=True)
+@_jit(nogil=True)
 def remove_blocks(slots, keys, has, blocks, check, scratch):
     """Take each block's key out of the table and clear its ``has`` flag. ``check``: first make
     sure every block holds a key in the table and none is listed twice; if one does not, nothing
@@ -188,7 +200,7 @@ def remove_blocks(slots, keys, has, blocks, check, scratch):
     return -1
 
 
-@njit(cache=True, nogil=True)
+@_jit(nogil=True)
 def remove_key(slots, keys, has, q):
     """Take key ``q[0]`` out; returns the block that held it (its ``has`` cleared), or -1."""
     s = find_slot(slots, keys, q, 0)
@@ -200,7 +212,7 @@ def remove_key(slots, keys, has, q):
     return b
 
 
-@njit(cache=True, nogil=True)
+@_jit(nogil=True)
 def assign(slots, keys, has, q, block):
     """``map[q[0]] = block``: a key found is re-pointed (its old block keeps its row, flag
     cleared), a new one inserted. Returns the block it pointed at before, or -1."""
@@ -221,7 +233,7 @@ def assign(slots, keys, has, q, block):
     return old
 
 
-@njit(cache=True, nogil=True)
+@_jit(nogil=True)
 def count_held(has, blocks):
     """How many of ``blocks`` hold a key."""
     n = 0
@@ -231,7 +243,7 @@ def count_held(has, blocks):
     return n
 
 
-@njit(cache=True, nogil=True)
+@_jit(nogil=True)
 def rehash(old, new):
     """Every entry of table ``old`` into the empty table ``new`` (a growth)."""
     mask = new.shape[0] - 1
@@ -244,7 +256,7 @@ def rehash(old, new):
             new[t] = v
 
 
-@njit(cache=True, nogil=True)
+@_jit(nogil=True)
 def table_blocks(slots):
     """The blocks in the table, in slot order."""
     n = 0
