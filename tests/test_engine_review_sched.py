@@ -182,3 +182,48 @@ def test_a_failed_step_forgets_the_blocks_it_swapped_out_to_the_host_tier():
     mgr.check_invariants()
     # r3's swap-out copies never ran: its prompt's blocks on the host hold no KV.
     assert mgr.match(mgr.prompt(prompts[3] + [1])).hit_tokens == 0
+
+
+# -- a release whose session hint fails still gives the blocks back ------------------------------
+def test_a_finished_request_whose_hint_is_invalid_does_not_leak_its_blocks():
+    """The hint is built when the request finishes; an invalid one (here a negative next arrival,
+    which add_request takes) raised before the manager freed anything, while the scheduler dropped
+    the request: its blocks stayed active with no owner, for good."""
+    mgr, sched = make(num_blocks=8, policy="session", max_num_batched_tokens=64)
+    engine = Engine(sched, EchoExecutor(), clock=SimulatedClock())
+    engine.add_request([1, 2, 3, 4, 5], max_new_tokens=2, session="s", next_arrival=-1.0, request_id="a")
+    with pytest.raises(ValueError, match="next_arrival"):
+        engine.run()
+    assert "a" not in sched.requests and "a" not in mgr
+    assert mgr.stats().active_blocks == 0
+    mgr.check_invariants()
+
+
+def test_a_policy_raising_on_a_hint_does_not_leak_the_requests_blocks():
+    from prefixkv.errors import PolicyError
+    from prefixkv.policies import LRUPolicy
+
+    class Broken(LRUPolicy):
+        def on_hint(self, hint):
+            raise RuntimeError("boom")
+
+    mgr = KVCacheManager(8, B, hash_seed=0, policy=Broken())
+    sched = Scheduler(mgr, SchedulerConfig(max_num_batched_tokens=64))
+    engine = Engine(sched, EchoExecutor(), clock=SimulatedClock())
+    engine.add_request([1, 2, 3, 4, 5], max_new_tokens=3, session="s", request_id="a")
+    engine.step()
+    with pytest.raises(PolicyError, match="boom"):
+        engine.cancel("a")
+    assert "a" not in sched.requests and "a" not in mgr
+    assert mgr.stats().active_blocks == 0
+    mgr.check_invariants()
+
+
+@pytest.mark.xfail(strict=True, reason="prefixkv/engine/engine.py (out of this review's scope): add_request "
+                   "sets session / end / next_arrival after the request is in and never checks them; a bad "
+                   "one is only found when the request finishes (SessionHint raises mid-update)")
+def test_add_request_refuses_an_invalid_session_hint_up_front():
+    mgr, sched = make(num_blocks=8, policy="session")
+    engine = Engine(sched, EchoExecutor(), clock=SimulatedClock())
+    with pytest.raises(ValueError, match="next_arrival"):
+        engine.add_request([1, 2, 3], max_new_tokens=1, session="s", next_arrival=-1.0)

@@ -130,7 +130,15 @@ class Scheduler:
         rid = request.request_id
         try:
             if rid in self.mgr:
-                self.mgr.free(rid, hint=self._hint(request, status, reason, now))
+                try:
+                    self.mgr.free(rid, hint=self._hint(request, status, reason, now))
+                except Exception:
+                    # The hint could not be built (a bad session field) or the policy raised on it:
+                    # the manager kept the sequence. The blocks go back all the same, then the
+                    # error is reported (the request is dropped below, so they would leak).
+                    if rid in self.mgr:
+                        self.mgr.free(rid)
+                    raise
         finally:
             for queue in (self.running, self.waiting):
                 if request in queue:
