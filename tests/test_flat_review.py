@@ -45,3 +45,45 @@ print(type(m.pool).__name__)
     done = _run(code)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["FlatBlockPool"]
+
+
+# -- hashes of other widths whose total is right --------------------------------------------------------
+
+import hashlib  # noqa: E402
+
+from prefixkv.flat.index import FlatIndex  # noqa: E402
+from prefixkv.flat.pool import FlatBlockPool  # noqa: E402
+from prefixkv.policies import make_policy  # noqa: E402
+from prefixkv.pool import BlockPool  # noqa: E402
+
+
+def _digest(i: int, size: int = 16) -> bytes:
+    return hashlib.blake2b(b"flat-review-%d" % i, digest_size=size).digest()
+
+
+def _pool(cls=FlatBlockPool, num_blocks=16, policy="lru", **kwargs):
+    return cls(num_blocks, 4, make_policy(policy), **kwargs)
+
+
+def test_publish_of_hashes_whose_widths_only_add_up_raises():
+    """A 24-byte and an 8-byte hash make 32 bytes, two 16-byte rows: ``column`` told widths by the
+    total only, so publishing them entered two keys that are neither (silently: each hash then
+    misses, and the table holds digests nobody published). A publish must refuse them (ValueError),
+    changing nothing, as it refuses one hash of another width."""
+    pool = _pool()
+    blocks = pool.allocate(2, 4)
+    before = pool.snapshot()
+    odd = [_digest(1, 24), _digest(2, 8)]
+    with pytest.raises(ValueError):
+        pool.publish_many(blocks, odd, [None, odd[0]], [0, 1])
+    assert pool.snapshot() == before
+    assert pool.num_cached == 0 and list(pool.cached_map) == []
+    pool.check([blocks])
+
+
+def test_index_column_exact_widths():
+    index = FlatIndex(16)
+    with pytest.raises(ValueError):
+        index.column([_digest(1, 24), _digest(2, 8)], exact=True)
+    assert index.column([_digest(1), _digest(2)], exact=True).shape == (2, 2)
+    assert index.column([], exact=True).shape == (0, 2)

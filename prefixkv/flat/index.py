@@ -83,17 +83,19 @@ class FlatIndex:
         return self.keys.nbytes + self.has.nbytes + self.slots.nbytes
 
     # -- keys ----------------------------------------------------------------
-    def column(self, hashes: Sequence) -> np.ndarray:
+    def column(self, hashes: Sequence, exact: bool = False) -> np.ndarray:
         """``hashes`` as a ``[n, words]`` uint64 array. Raises TypeError (not bytes) or ValueError
-        (not ``width`` bytes each, told by the total: the pool's callers pass ``BlockHasher``
-        digests, whose widths are fixed)."""
+        (not ``width`` bytes each). Without ``exact`` widths are told by the total only (the
+        pool's callers pass ``BlockHasher`` digests, whose widths are fixed): hashes of other widths
+        that add up to it make rows that are none of them, which only ever miss in a lookup; keys
+        entered into the index (``exact``) are checked one by one."""
         try:
             buf = b"".join(hashes)
         except TypeError:
             bad = next(h for h in hashes if not isinstance(h, (bytes, bytearray, memoryview)))
             raise TypeError(f"this pool's flat index keys {self.width}-byte digests (bytes); got "
                             f"{type(bad).__name__} {bad!r}: use index='dict' for other hashes") from None
-        if len(buf) != len(hashes) * self.width:
+        if len(buf) != len(hashes) * self.width or (exact and hashes and max(map(len, hashes)) != self.width):
             bad = next((h for h in hashes if len(h) != self.width), None)
             raise ValueError(f"this pool's flat index keys {self.width}-byte digests; got one of "
                              f"{len(bad) if bad is not None else '?'} bytes: use index='dict' for other hashes")

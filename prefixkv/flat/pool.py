@@ -144,7 +144,7 @@ class FlatBlockPool(BlockPool):
     # -- inserting -------------------------------------------------------------
     def _setdefault_many(self, hashes: list[Hashable], blocks: list[int]) -> list[int]:
         index = self.index
-        return index.setdefault_many(index.column(hashes), blocks)
+        return index.setdefault_many(index.column(hashes, exact=True), blocks)
 
     # -- evicting --------------------------------------------------------------
     def _evict_valid(self, k: int, out: list[int]) -> None:
