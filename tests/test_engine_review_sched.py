@@ -227,3 +227,20 @@ def test_add_request_refuses_an_invalid_session_hint_up_front():
     engine = Engine(sched, EchoExecutor(), clock=SimulatedClock())
     with pytest.raises(ValueError, match="next_arrival"):
         engine.add_request([1, 2, 3], max_new_tokens=1, session="s", next_arrival=-1.0)
+
+
+# -- update: the executor's tokens are checked before anything changes ---------------------------
+@pytest.mark.parametrize("bad", [-1, 2**32, 3.7, "7", None])
+def test_update_refuses_a_bad_sampled_token_and_changes_nothing(bad):
+    """A bad token used to be appended (a float truncated) and only the next commit's append
+    raised, mid-round, failing every request of that round and resetting the prefix cache."""
+    mgr, sched = make(num_blocks=16, max_num_batched_tokens=64)
+    sched.add(Request("a", (1, 2, 3), max_new_tokens=4))
+    sched.add(Request("b", (4, 5, 6), max_new_tokens=4))
+    plan = sched.schedule()
+    before = [(r.request_id, list(r.tokens), r.num_computed) for r in sched.running]
+    with pytest.raises(ValueError, match="'b'"):
+        sched.update(plan, StepOutput({"a": 9, "b": bad}, 0.0))
+    assert [(r.request_id, list(r.tokens), r.num_computed) for r in sched.running] == before
+    sched.update(plan, StepOutput({"a": 9, "b": 10}, 0.0))
+    assert sched.requests["b"].tokens == [4, 5, 6, 10]

@@ -48,6 +48,7 @@ from .plan import BlockOp, ScheduledRequest, StepOutput, StepPlan
 from .request import Request, RequestStatus
 
 _ORDER = lambda r: r.order  # noqa: E731
+_MAX_TOKEN = 2**32      # the manager's token ids: [0, 2**32)
 # The engine's finish reasons in the words session hints use (vLLM's / the traces' stop reasons).
 _END_REASONS = {"length": "max_tokens", "stop": "stop", "cancelled": "cancelled"}
 
@@ -458,9 +459,24 @@ class Scheduler:
     def update(self, plan: StepPlan, output: StepOutput, now: float | None = None) -> list[Request]:
         """Record a step's results; returns the requests that finished. Checks first, then changes.
         ``now``: the clock at the end of the step (the time in finished requests' session hints)."""
+        tokens = {}
         for s in plan.requests:
-            if s.sample and s.request_id not in output.sampled:
+            if not s.sample:
+                continue
+            if s.request_id not in output.sampled:
                 raise ValueError(f"the executor sampled no token for request {s.request_id!r}")
+            value = output.sampled[s.request_id]
+            try:
+                if isinstance(value, (bool, str)):
+                    raise TypeError
+                token = operator.index(value)
+            except TypeError:
+                raise ValueError(f"the executor sampled {value!r} for request {s.request_id!r}, "
+                                 "not an integer token id") from None
+            if not 0 <= token < _MAX_TOKEN:
+                raise ValueError(f"the executor sampled token id {token} for request {s.request_id!r}, "
+                                 f"outside [0, 2**32)")
+            tokens[s.request_id] = token
         finished = []
         for s in plan.requests:
             r = self.requests.get(s.request_id)
@@ -469,7 +485,7 @@ class Scheduler:
             r.num_computed = s.seq_len
             if not s.sample:
                 continue
-            token = int(output.sampled[s.request_id])
+            token = tokens[s.request_id]
             r.tokens.append(token)
             if r.eos_token_id is not None and token == r.eos_token_id:
                 self._release(r, RequestStatus.FINISHED, "stop", now=now)
