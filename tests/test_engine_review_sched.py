@@ -244,3 +244,25 @@ def test_update_refuses_a_bad_sampled_token_and_changes_nothing(bad):
     assert [(r.request_id, list(r.tokens), r.num_computed) for r in sched.running] == before
     sched.update(plan, StepOutput({"a": 9, "b": 10}, 0.0))
     assert sched.requests["b"].tokens == [4, 5, 6, 10]
+
+
+# -- plan: a one-token re-prefill chunk is not a decode ------------------------------------------
+def test_a_one_token_re_prefill_chunk_of_generated_tokens_is_not_a_decode():
+    mgr, sched = make(num_blocks=16, caching=False, max_num_batched_tokens=64)
+    ex = EchoExecutor()
+    sched.add(Request("a", (1, 2, 3), max_new_tokens=6))
+    for _ in range(3):
+        step(sched, ex)
+    r = sched.requests["a"]
+    assert (len(r.tokens), r.num_computed) == (6, 5)
+    sched.commit(Round(preempt=(("a", "recompute"),)))
+    plan = sched.commit(Round(admit=(("a", 4),)))         # tokens[0:4]
+    sched.update(plan, ex.execute(plan))
+    plan = sched.commit(Round(grow=(("a", 1),)))          # tokens[4:5]: a generated token recomputed
+    (s,) = plan.requests
+    assert (s.start, s.seq_len, s.sample) == (4, 5, False)
+    assert not s.is_decode and plan.num_decode_tokens == 0 and plan.num_prefill_tokens == 1
+    sched.update(plan, ex.execute(plan))
+    plan = sched.commit(Round(grow=(("a", 1),)))          # tokens[5:6]: the last sampled token fed back
+    (s,) = plan.requests
+    assert s.sample and s.is_decode and plan.num_decode_tokens == 1

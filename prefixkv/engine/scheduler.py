@@ -449,7 +449,8 @@ class Scheduler:
                 request_id=r.request_id, token_ids=tuple(r.tokens[e.start:e.stop]), start=e.start,
                 slot_mapping=mgr.slot_mapping(r.request_id, e.start, e.stop), sample=e.stop == len(r.tokens),
                 output_index=r.num_output, sampling=r.sampling,
-                is_decode=k == 1 and e.start >= len(r.prompt), cached_tokens=e.cached))
+                is_decode=k == 1 and e.start >= len(r.prompt) and e.stop == len(r.tokens),
+                cached_tokens=e.cached))
         ids = [s.request_id for s in scheduled]
         tables = mgr.block_tables(ids) if ids else np.zeros((0, 0), dtype=np.int32)
         return StepPlan(step=self.step_count, block_size=mgr.block_size, requests=tuple(scheduled),
