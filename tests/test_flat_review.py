@@ -87,3 +87,34 @@ def test_index_column_exact_widths():
         index.column([_digest(1, 24), _digest(2, 8)], exact=True)
     assert index.column([_digest(1), _digest(2)], exact=True).shape == (2, 2)
     assert index.column([], exact=True).shape == (0, 2)
+
+
+# -- a batch publish with more hashes than blocks ------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [BlockPool, FlatBlockPool])
+def test_publish_many_with_more_hashes_than_blocks(cls):
+    """``publish_many`` pairs blocks and hashes as ``zip`` does (the dict pool's ``setdefault``
+    map): extra hashes are not published. The compiled insertion read ``blocks[i]`` for every hash,
+    past the end of the blocks array (no bounds checks in numba): a wild block id, whose key row
+    and flag it wrote (a segfault, or a corrupted heap)."""
+    pool = _pool(cls, 64)
+    blocks = pool.allocate(2, 4)
+    hashes = [_digest(i) for i in range(6)]
+    pool.publish_many(blocks[:1], hashes, [None] * 6, range(6))
+    assert pool.num_cached == 1
+    assert [pool.lookup(h) for h in hashes] == [blocks[0]] + [None] * 5
+    pool.check([blocks])
+    pool.publish_run(blocks[1:], hashes[1:], hashes[0], 1)
+    assert [pool.lookup(h) for h in hashes] == blocks + [None] * 4
+    pool.check([blocks])
+
+
+def test_index_setdefault_many_pairs_as_zip():
+    index = FlatIndex(16)
+    index.ensure_blocks(4)
+    keys = index.column([_digest(i) for i in range(3)])
+    assert index.setdefault_many(keys, [2]) == [2]
+    assert len(index) == 1 and index.get(_digest(0)) == 2 and index.get(_digest(1)) is None
+    assert index.setdefault_many(keys[:1], [0, 1, 3]) == [2]
+    assert len(index) == 1

@@ -165,12 +165,15 @@ class FlatIndex:
         return int(block)
 
     def setdefault_many(self, q: np.ndarray, blocks: Sequence[int]) -> list[int]:
-        """``[map.setdefault(q[i], blocks[i]) for i]`` in one call."""
-        n = q.shape[0]
+        """``[map.setdefault(k, b) for k, b in zip(q, blocks)]`` in one call (pairs as ``zip`` does:
+        the kernel reads ``blocks[i]`` for every key, unchecked)."""
+        arr = as_block_array(blocks)
+        n = min(q.shape[0], arr.shape[0])
+        if n != q.shape[0] or n != arr.shape[0]:
+            q, arr = q[:n], arr[:n]
         self._reserve(n)
         got = np.empty(n, np.int64)
-        self.count += int(kernels.insert_many(self.slots, self.keys, self.has, q, as_block_array(blocks), got,
-                                                         self._scratch))
+        self.count += int(kernels.insert_many(self.slots, self.keys, self.has, q, arr, got, self._scratch))
         return got.tolist()
 
     def lookup_many(self, q: np.ndarray) -> np.ndarray:

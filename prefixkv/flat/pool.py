@@ -144,6 +144,8 @@ class FlatBlockPool(BlockPool):
     # -- inserting -------------------------------------------------------------
     def _setdefault_many(self, hashes: list[Hashable], blocks: list[int]) -> list[int]:
         index = self.index
+        if len(hashes) > len(blocks):      # paired as zip pairs them: the extra hashes are not entered
+            hashes = hashes[:len(blocks)]
         return index.setdefault_many(index.column(hashes, exact=True), blocks)
 
     # -- evicting --------------------------------------------------------------
