@@ -51,9 +51,10 @@ class _Collector:
             blocks.add_metric([worker, "device", "cached"], s.evictable_blocks)
             blocks.add_metric([worker, "device", "free"], s.free_uncached_blocks)
             if mgr.num_host_blocks:
-                free = mgr.num_free_host_blocks
-                blocks.add_metric([worker, "host", "active"], mgr.num_host_blocks - free)
-                blocks.add_metric([worker, "host", "free"], free)
+                # as on the device: the host tier's cached (evictable) blocks are not free ones
+                blocks.add_metric([worker, "host", "active"], s.host_active_blocks)
+                blocks.add_metric([worker, "host", "cached"], s.host_evictable_blocks)
+                blocks.add_metric([worker, "host", "free"], s.host_free_uncached_blocks)
             for name, _, field in _MANAGER_COUNTERS:
                 counters[name].add_metric([worker], getattr(s, field))
         for worker, tier, stats in self.tiers:
@@ -70,7 +71,8 @@ class _Collector:
             scheduler = engine.scheduler
             running.add_metric([worker], len(scheduler.running))
             waiting.add_metric([worker], len(scheduler.waiting))
-            steps.add_metric([worker], scheduler.step_count)
+            # steps the engine ran (the scheduler's step_count also counts empty rounds: idle polls)
+            steps.add_metric([worker], engine.run_metrics.steps)
         yield from (running, waiting, steps)
 
 
@@ -83,13 +85,37 @@ class Metrics:
                                   ["router", "reason"], registry=self.registry)
 
     def watch_manager(self, manager, *, worker: str = "0") -> None:
+        """Export ``manager`` under ``worker``. Watching it again under that label is a no-op (as
+        ``watch_engine`` does for its manager); another manager under a watched label is refused
+        (``ValueError``): its series would collide."""
+        for w, watched in self._collector.managers:
+            if w == worker:
+                if watched is manager:
+                    return
+                raise ValueError(f"worker {worker!r} already exports another manager; give each its own label")
+        for w, tier, _ in self._collector.tiers:
+            if w == worker and tier in ("device", "host"):
+                raise ValueError(f"worker {worker!r} already exports a tier named {tier!r}")
         self._collector.managers.append((worker, manager))
 
     def watch_tier(self, tier: str, stats: Callable[[], dict], *, worker: str = "0") -> None:
-        """A lower tier: ``stats()`` returns block counts by state (``{"active": n, "free": m}``)."""
+        """A lower tier: ``stats()`` returns block counts by state (``{"active": n, "free": m}``).
+        One tier name per worker, and not a manager's own ``device`` / ``host`` (``ValueError``)."""
+        taken = {t for w, t, _ in self._collector.tiers if w == worker}
+        if any(w == worker for w, _ in self._collector.managers):
+            taken |= {"device", "host"}
+        if tier in taken:
+            raise ValueError(f"worker {worker!r} already exports tier {tier!r}")
         self._collector.tiers.append((worker, tier, stats))
 
     def watch_engine(self, engine, *, worker: str = "0") -> None:
+        """Export ``engine`` (and its manager) under ``worker``; the same engine again is a no-op,
+        another engine under a watched label is refused (``ValueError``)."""
+        for w, watched in self._collector.engines:
+            if w == worker:
+                if watched is engine:
+                    return
+                raise ValueError(f"worker {worker!r} already exports another engine; give each its own label")
         self.watch_manager(engine.manager, worker=worker)
         self._collector.engines.append((worker, engine))
 

@@ -266,3 +266,83 @@ def test_a_one_token_re_prefill_chunk_of_generated_tokens_is_not_a_decode():
     plan = sched.commit(Round(grow=(("a", 1),)))          # tokens[5:6]: the last sampled token fed back
     (s,) = plan.requests
     assert s.sample and s.is_decode and plan.num_decode_tokens == 1
+
+
+# -- Prometheus metrics ---------------------------------------------------------------------------
+def _scrape(metrics):
+    """Every sample of the registry as {(name, sorted labels): value}; duplicates raise."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = prometheus_client.generate_latest(metrics.registry).decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            assert key not in out, f"duplicate series {key}"
+            out[key] = sample.value
+    return out
+
+
+def test_watching_a_manager_and_its_engine_exports_each_series_once():
+    """The module's own example watches the manager and the engine with one worker label; the
+    manager's series came out twice (a scrape Prometheus rejects)."""
+    pytest.importorskip("prometheus_client")
+    from prefixkv.metrics import Metrics
+
+    mgr, sched = make(num_blocks=8)
+    engine = Engine(sched, EchoExecutor(), clock=SimulatedClock())
+    engine.generate([[1, 2, 3, 4, 5]], max_new_tokens=2)
+    metrics = Metrics()
+    metrics.watch_manager(mgr, worker="w0")
+    metrics.watch_engine(engine, worker="w0")
+    samples = _scrape(metrics)
+    assert samples[("prefixkv_queries_total", (("worker", "w0"),))] == 1.0
+
+
+def test_two_managers_under_one_worker_label_are_refused():
+    pytest.importorskip("prometheus_client")
+    from prefixkv.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.watch_manager(make()[0], worker="w0")
+    with pytest.raises(ValueError, match="w0"):
+        metrics.watch_manager(make()[0], worker="w0")
+    metrics.watch_manager(make()[0], worker="w1")
+    _scrape(metrics)
+
+
+def test_engine_steps_counter_counts_steps_run_not_idle_polls():
+    pytest.importorskip("prometheus_client")
+    from prefixkv.metrics import Metrics
+
+    mgr, sched = make(num_blocks=8)
+    engine = Engine(sched, EchoExecutor(), clock=SimulatedClock())
+    metrics = Metrics()
+    metrics.watch_engine(engine, worker="w0")
+    for _ in range(5):
+        assert engine.step().plan.is_empty            # nothing to run: no step
+    engine.add_request([1, 2, 3], max_new_tokens=2)
+    engine.run()
+    assert engine.run_metrics.steps == 2
+    assert _scrape(metrics)[("prefixkv_engine_steps_total", (("worker", "w0"),))] == 2.0
+
+
+def test_host_block_gauges_split_cached_from_free():
+    """With a host tier, the host pool's cached (evictable) blocks were reported as free."""
+    pytest.importorskip("prometheus_client")
+    from prefixkv.metrics import Metrics
+
+    mgr, sched, ex, engine, p = _host_tier_engine()
+    engine.run()
+    s = mgr.stats()
+    assert s.host_evictable_blocks > 0
+    metrics = Metrics()
+    metrics.watch_manager(mgr, worker="w0")
+    samples = _scrape(metrics)
+
+    def host(state):
+        return samples.get(("prefixkv_blocks", (("state", state), ("tier", "host"), ("worker", "w0"))))
+    assert (host("active"), host("cached"), host("free")) == (
+        s.host_active_blocks, s.host_evictable_blocks, s.host_free_uncached_blocks)
+    assert host("active") + host("cached") + host("free") == mgr.num_host_blocks
