@@ -118,3 +118,27 @@ def test_index_setdefault_many_pairs_as_zip():
     assert len(index) == 1 and index.get(_digest(0)) == 2 and index.get(_digest(1)) is None
     assert index.setdefault_many(keys[:1], [0, 1, 3]) == [2]
     assert len(index) == 1
+
+
+# -- demotions into a flat pool with a hash it cannot key ------------------------------------------------
+
+
+@pytest.mark.parametrize("record_events", [False, True])
+@pytest.mark.parametrize("bad", [b"short", 12345, _digest(9, 8)])
+def test_cache_many_with_a_bad_hash_changes_nothing(bad, record_events):
+    """``cache_many`` raises only OutOfBlocks, changing nothing; a flat pool also refuses a hash
+    that is not one of its digests, but it found out only after claiming the blocks (evicting
+    victims for them): they were neither free, evictable nor held (``check`` failed), and
+    the victims' cached content was gone."""
+    from prefixkv.tiers.host import HostTier
+
+    host = HostTier(8, 4, digest_size=16, record_events=record_events)
+    host.store_many(list(range(8)), [_digest(i) for i in range(8)])     # full: the next store evicts
+    host.pool.drain_events()
+    before = host.pool.snapshot(), host.pool.num_free, host.pool.evictions
+    with pytest.raises((TypeError, ValueError)):
+        host.store_many([100, 101], [_digest(100), bad])
+    assert (host.pool.snapshot(), host.pool.num_free, host.pool.evictions) == before
+    host.pool.check([])
+    assert host.store_many([100], [_digest(100)]) == [(100, 0)]
+    host.pool.check([])

@@ -103,6 +103,7 @@ class FlatBlockPool(BlockPool):
             raise ValueError("verify mode keeps each block's content and reads the chain per block: "
                              "use BlockPool (index='dict')")
         self.index = FlatIndex(digest_size)
+        self._column: tuple | None = None       # (hashes, their keys) checked by cache_many
         super().__init__(num_blocks, block_size, policy, **kwargs)
 
     def _make_index(self) -> None:
@@ -146,7 +147,22 @@ class FlatBlockPool(BlockPool):
         index = self.index
         if len(hashes) > len(blocks):      # paired as zip pairs them: the extra hashes are not entered
             hashes = hashes[:len(blocks)]
-        return index.setdefault_many(index.column(hashes, exact=True), blocks)
+        column = self._column
+        if column is not None and column[0] is hashes:
+            q = column[1]          # checked by cache_many already
+        else:
+            q = index.column(hashes, exact=True)
+        return index.setdefault_many(q, blocks)
+
+    def cache_many(self, hashes: list[Hashable], parents: list[Hashable | None], depths: list[int]) -> list[int]:
+        # A hash this index cannot key raises before a block is claimed (or a victim evicted) for it:
+        # the base class claims the blocks first and enters the hashes after.
+        q = self.index.column(hashes, exact=True)
+        self._column = (hashes, q)
+        try:
+            return super().cache_many(hashes, parents, depths)
+        finally:
+            self._column = None
 
     # -- evicting --------------------------------------------------------------
     def _evict_valid(self, k: int, out: list[int]) -> None:
