@@ -221,6 +221,17 @@ class KVCacheManager:
         if num_tokens < 0:
             raise HashMismatch(f"num_tokens must be >= 0, got {num_tokens}")
         hashes = block_hashes if checked and type(block_hashes) is list else as_hash_list(block_hashes)
+        self._check_digests(hashes)
+        full, partial = divmod(num_tokens, self.block_size)
+        if len(hashes) not in (full, full + (1 if partial else 0)):
+            raise HashMismatch(
+                f"{len(hashes)} block hash(es) contradict {num_tokens} tokens at block size "
+                f"{self.block_size} (expected {full}{' or ' + str(full + 1) if partial else ''})")
+        return Prompt(self.hasher, None, num_tokens, NO_EXTRA_KEYS, hashes if len(hashes) == full else hashes[:full])
+
+    def _check_digests(self, hashes: list) -> None:
+        """With a flat index, hashes from outside must be digests of this manager's width: the
+        pool is then told they are (``checked``) and spares a check per block."""
         if self.pool._index_stores_hashes:
             width = self.hasher.digest_size
             bad = next((h for h in hashes if type(h) is not bytes or len(h) != width), None)
@@ -229,12 +240,6 @@ class KVCacheManager:
                                    f"or 'auto' with numba), so precomputed hashes must be such bytes; got "
                                    f"{type(bad).__name__} {bad!r:.60}: build the manager with index='dict' for "
                                    "other hashes (a trace's integer ids)")
-        full, partial = divmod(num_tokens, self.block_size)
-        if len(hashes) not in (full, full + (1 if partial else 0)):
-            raise HashMismatch(
-                f"{len(hashes)} block hash(es) contradict {num_tokens} tokens at block size "
-                f"{self.block_size} (expected {full}{' or ' + str(full + 1) if partial else ''})")
-        return Prompt(self.hasher, None, num_tokens, NO_EXTRA_KEYS, hashes if len(hashes) == full else hashes[:full])
 
     def _as_prompt(self, prompt) -> Prompt:
         if isinstance(prompt, Prompt):
@@ -574,6 +579,7 @@ class KVCacheManager:
         old_full = seq.num_tokens // size
         newly_full = (seq.num_tokens + num_tokens) // size - old_full
         hashes = as_hash_list(block_hashes)
+        self._check_digests(hashes)
         if hashes and len(hashes) != newly_full:
             raise HashMismatch(f"{len(hashes)} hash(es) given but the append fills {newly_full} block(s)")
         if hashes and len(seq.hashes) != old_full:

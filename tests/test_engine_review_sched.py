@@ -346,3 +346,28 @@ def test_host_block_gauges_split_cached_from_free():
     assert (host("active"), host("cached"), host("free")) == (
         s.host_active_blocks, s.host_evictable_blocks, s.host_free_uncached_blocks)
     assert host("active") + host("cached") + host("free") == mgr.num_host_blocks
+
+
+# -- bad input accepted silently ------------------------------------------------------------------
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1.0])
+def test_simulated_clock_refuses_a_step_that_is_not_a_finite_duration(seconds):
+    """NaN passed the ``seconds < 0`` check and turned the clock (and every later time) into NaN."""
+    clock = SimulatedClock(2.0)
+    with pytest.raises(ValueError):
+        clock.advance(seconds)
+    with pytest.raises(ValueError):
+        clock.on_step(seconds)
+    assert clock.now() == 2.0
+
+
+@pytest.mark.parametrize("max_new", [2.5, "3", True, None])
+def test_request_refuses_a_max_new_tokens_that_is_not_an_int(max_new):
+    """2.5 was taken: max_tokens became fractional and the request ran for 3 tokens."""
+    with pytest.raises((TypeError, ValueError)):
+        Request("a", (1, 2, 3), max_new_tokens=max_new)
+
+
+def test_request_refuses_a_nan_arrival_time():
+    """NaN compares false with every clock: the request ran at once and its latencies were NaN."""
+    with pytest.raises(ValueError):
+        Request("a", (1, 2, 3), max_new_tokens=1, arrival_time=float("nan"))

@@ -142,3 +142,16 @@ def test_cache_many_with_a_bad_hash_changes_nothing(bad, record_events):
     host.pool.check([])
     assert host.store_many([100], [_digest(100)]) == [(100, 0)]
     host.pool.check([])
+
+
+@pytest.mark.parametrize("record_events", [False, True])
+def test_publish_many_with_a_bad_hash_changes_nothing(record_events):
+    """The batch path checks every hash before it enters any; the per-block path (events on, or a
+    policy told ``on_cached`` per block) entered the hashes before the bad one and then raised."""
+    pool = _pool(record_events=record_events)
+    blocks = pool.allocate(3, 4)
+    before = pool.snapshot()
+    with pytest.raises(ValueError):
+        pool.publish_many(blocks, [_digest(0), _digest(1), b"short"], [None, _digest(0), _digest(1)], [0, 1, 2])
+    assert pool.snapshot() == before
+    pool.check([blocks])

@@ -341,6 +341,10 @@ def test_a_flat_index_takes_only_its_own_digests_as_precomputed_hashes():
     mgr.free("a")
     assert mgr.admit("b", mgr.prompt_from_hashes(digests[:2], 8), compute_last_token=False) == 8
     assert mgr.pool.block_hash[mgr.block_ids("b")[1]] == digests[1]
+    before = mgr.snapshot()
+    with pytest.raises(HashMismatch, match="16-byte digests"):     # two widths adding up to 32 bytes
+        mgr.append_slots("b", 8, block_hashes=[bytes(15) + b"x", bytes(17)][::-1])
+    assert mgr.snapshot() == before
 
 
 @pytest.mark.parametrize("hashes,n", [([1, 2], 3), ([1], 9), ([1, None], 8), ([[1], 2], 8)])

@@ -41,8 +41,8 @@ class SimulatedClock:
         return self.t
 
     def advance(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError(f"time cannot go back ({seconds} s)")
+        if not math.isfinite(seconds) or seconds < 0:    # NaN would poison every later time
+            raise ValueError(f"a step lasts a finite, non-negative time, not {seconds} s")
         self.t += seconds
 
     def advance_to(self, t: float) -> None:

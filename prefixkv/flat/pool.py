@@ -154,6 +154,14 @@ class FlatBlockPool(BlockPool):
             q = index.column(hashes, exact=True)
         return index.setdefault_many(q, blocks)
 
+    def publish_many(self, blocks: list[int], hashes: list[Hashable], parents: Sequence[Hashable | None],
+                     depths: Sequence[int]) -> None:
+        if self.verify or self.events is not None or (self._on_cached is not None and self._cached_batch is None):
+            # the base class publishes block by block here: a hash this index cannot key must raise
+            # before the first is entered (the batch path checks them all first)
+            self.index.column(hashes[:len(blocks)], exact=True)
+        super().publish_many(blocks, hashes, parents, depths)
+
     def cache_many(self, hashes: list[Hashable], parents: list[Hashable | None], depths: list[int]) -> list[int]:
         # A hash this index cannot key raises before a block is claimed (or a victim evicted) for it:
         # the base class claims the blocks first and enters the hashes after.
