@@ -158,8 +158,17 @@ class Request:
     def __post_init__(self) -> None:
         if not self.prompt:
             raise ValueError(f"request {self.request_id!r} has an empty prompt")
+        try:
+            if isinstance(self.max_new_tokens, bool):
+                raise TypeError
+            self.max_new_tokens = operator.index(self.max_new_tokens)
+        except TypeError:
+            raise TypeError(f"max_new_tokens must be an int, got {type(self.max_new_tokens).__name__} "
+                            f"{self.max_new_tokens!r}") from None
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.arrival_time != self.arrival_time:      # NaN: never before nor after any clock
+            raise ValueError(f"request {self.request_id!r}: arrival_time is NaN")
         if not self.tokens:
             self.tokens = list(self.prompt)
         self.metrics.arrival = self.arrival_time
