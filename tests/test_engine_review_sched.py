@@ -371,3 +371,20 @@ def test_request_refuses_a_nan_arrival_time():
     """NaN compares false with every clock: the request ran at once and its latencies were NaN."""
     with pytest.raises(ValueError):
         Request("a", (1, 2, 3), max_new_tokens=1, arrival_time=float("nan"))
+
+
+def test_abort_all_releases_every_request_even_when_one_release_raises():
+    """close() / abort_all stopped at the first release that raised (a bad session hint), leaving
+    the later requests live and holding blocks."""
+    mgr, sched = make(num_blocks=16, policy="session", max_num_batched_tokens=64)
+    engine = Engine(sched, EchoExecutor(), clock=SimulatedClock())
+    engine.add_request([1, 2, 3, 4, 5], max_new_tokens=4, session="s", next_arrival=-1.0, request_id="bad")
+    engine.add_request([6, 7, 8], max_new_tokens=4, request_id="ok")
+    engine.add_request([9, 9], max_new_tokens=4, request_id="waiting", arrival_time=100.0)
+    engine.step()
+    with pytest.raises(ValueError, match="next_arrival"):
+        engine.close()
+    assert not sched.requests and not sched.running and not sched.waiting
+    assert len(mgr) == 0 and mgr.stats().active_blocks == 0
+    assert {engine.requests[i].status for i in ("bad", "ok", "waiting")} == {RequestStatus.CANCELLED}
+    mgr.check_invariants()

@@ -113,9 +113,17 @@ class Scheduler:
         return True
 
     def abort_all(self, status: RequestStatus = RequestStatus.CANCELLED) -> list[Request]:
+        """Release every live request; returns them. A release that raises (a bad session hint)
+        still frees its request, the others are released all the same, then the first error is raised."""
         live = list(self.requests.values())
+        first: BaseException | None = None
         for request in live:
-            self._release(request, status, "cancelled" if status is RequestStatus.CANCELLED else "error")
+            try:
+                self._release(request, status, "cancelled" if status is RequestStatus.CANCELLED else "error")
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
         return live
 
     @property
