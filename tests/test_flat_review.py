@@ -155,3 +155,26 @@ def test_publish_many_with_a_bad_hash_changes_nothing(record_events):
         pool.publish_many(blocks, [_digest(0), _digest(1), b"short"], [None, _digest(0), _digest(1)], [0, 1, 2])
     assert pool.snapshot() == before
     pool.check([blocks])
+
+
+# -- a block id past the index's rows ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", [16, 1000, -1])
+def test_publish_of_a_block_past_the_rows_raises(block):
+    """``publish`` of a block the pool never handed out (past ``len(block_hash)``, or negative):
+    the dict pool raises IndexError from ``block_hash[block] = h``. The flat index wrote the key row
+    and flag of that block in compiled code with no bounds check (memory past the arrays), and a
+    negative block made a slot entry that reads back as block -1. It must raise IndexError before
+    anything changes."""
+    pool = _pool(num_blocks=16)
+    blocks = pool.allocate(16, 4)
+    before = pool.snapshot()
+    with pytest.raises(IndexError):
+        pool.publish(block, _digest(0), None, 0)
+    assert pool.snapshot() == before and pool.lookup(_digest(0)) is None
+    index = pool.index
+    with pytest.raises(IndexError):
+        index.assign(_digest(1), block)
+    assert len(index) == 0 and index.get(_digest(1)) is None
+    pool.check([blocks])

@@ -146,8 +146,11 @@ class FlatIndex:
         return self.get(h) is not None
 
     def assign(self, h, block: int) -> None:
-        """``map[h] = block``."""
+        """``map[h] = block``. IndexError (nothing changed) for a block without a row: the kernel
+        writes its row unchecked."""
         q = self.key(h)
+        if not 0 <= block < self.has.shape[0]:
+            raise IndexError(f"block {block} out of range")
         self._reserve(1)
         if kernels.assign(self.slots, self.keys, self.has, q, block) < 0:
             self.count += 1
