@@ -388,3 +388,20 @@ def test_abort_all_releases_every_request_even_when_one_release_raises():
     assert len(mgr) == 0 and mgr.stats().active_blocks == 0
     assert {engine.requests[i].status for i in ("bad", "ok", "waiting")} == {RequestStatus.CANCELLED}
     mgr.check_invariants()
+
+
+def test_updating_with_the_same_plan_twice_is_refused():
+    """A second update of one plan appended a second sampled token whose KV was never computed
+    (the next step then ran a two-token 'decode')."""
+    mgr, sched = make(num_blocks=16, max_num_batched_tokens=64)
+    ex = EchoExecutor()
+    sched.add(Request("a", (1, 2, 3), max_new_tokens=4))
+    plan = sched.schedule()
+    out = ex.execute(plan)
+    sched.update(plan, out)
+    before = (list(sched.requests["a"].tokens), sched.requests["a"].num_computed)
+    with pytest.raises(ValueError, match="'a'"):
+        sched.update(plan, out)
+    assert (list(sched.requests["a"].tokens), sched.requests["a"].num_computed) == before
+    plan = sched.schedule()
+    assert [(r.start, r.num_tokens) for r in plan.requests] == [(3, 1)]

@@ -470,6 +470,11 @@ class Scheduler:
         ``now``: the clock at the end of the step (the time in finished requests' session hints)."""
         tokens = {}
         for s in plan.requests:
+            r = self.requests.get(s.request_id)
+            if r is not None and (r.num_computed != s.start or len(r.tokens) < s.seq_len):
+                raise ValueError(f"the plan of step {plan.step} does not match request {s.request_id!r} "
+                                 f"({r.num_computed} token(s) computed, the plan starts at {s.start}): "
+                                 "it was already applied, or is not the latest")
             if not s.sample:
                 continue
             if s.request_id not in output.sampled:
