@@ -178,3 +178,20 @@ def test_publish_of_a_block_past_the_rows_raises(block):
         index.assign(_digest(1), block)
     assert len(index) == 0 and index.get(_digest(1)) is None
     pool.check([blocks])
+
+
+# -- a bytes-like key that bytes.join refuses ---------------------------------------------------------------
+
+
+def test_a_key_join_refuses_is_a_miss_not_stopiteration():
+    """A strided memoryview is bytes-like (hashable: the dict pool answers a miss) but ``bytes.join``
+    refuses it; ``column`` looked for the offending non-bytes item to name it, found none, and let
+    StopIteration out of every lookup (``lookup``, ``in``, ``holds_none``, ``leading_hits``)."""
+    strided = memoryview(_digest(0, 32))[::2]
+    pool = _pool()
+    assert pool.lookup(strided) is None
+    assert strided not in pool.cached_map
+    assert pool.holds_none([strided])
+    assert pool.leading_hits([strided], 0, 1) == []
+    with pytest.raises(TypeError):
+        pool.index.column([strided])

@@ -40,6 +40,14 @@ def as_block_array(blocks: Sequence[int]) -> np.ndarray:
     return np.frombuffer(array("q", blocks), np.int64)
 
 
+def _joins(h) -> bool:
+    try:
+        b"".join((h,))
+    except TypeError:
+        return False
+    return True
+
+
 class FlatIndex:
     def __init__(self, width: int) -> None:
         if width <= 0 or width % 8:
@@ -92,7 +100,8 @@ class FlatIndex:
         try:
             buf = b"".join(hashes)
         except TypeError:
-            bad = next(h for h in hashes if not isinstance(h, (bytes, bytearray, memoryview)))
+            # the first item join refuses: not bytes-like, or one it cannot read (a strided memoryview)
+            bad = next((h for h in hashes if not _joins(h)), None)
             raise TypeError(f"this pool's flat index keys {self.width}-byte digests (bytes); got "
                             f"{type(bad).__name__} {bad!r}: use index='dict' for other hashes") from None
         if len(buf) != len(hashes) * self.width or (exact and hashes and max(map(len, hashes)) != self.width):
