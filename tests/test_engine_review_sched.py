@@ -405,3 +405,12 @@ def test_updating_with_the_same_plan_twice_is_refused():
     assert (list(sched.requests["a"].tokens), sched.requests["a"].num_computed) == before
     plan = sched.schedule()
     assert [(r.start, r.num_tokens) for r in plan.requests] == [(3, 1)]
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_num_batched_tokens=8.5), dict(max_num_seqs=2.5),
+                                    dict(max_prefill_chunk=3.5), dict(max_num_batched_tokens="64"),
+                                    dict(max_num_seqs=True)])
+def test_scheduler_config_refuses_limits_that_are_not_ints(kwargs):
+    """8.5 was taken: chunk sizes came out fractional and every step's commit failed."""
+    with pytest.raises((TypeError, ValueError)):
+        SchedulerConfig(**kwargs)

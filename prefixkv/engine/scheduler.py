@@ -61,6 +61,16 @@ class SchedulerConfig:
     when_full: Literal["preempt", "wait"] = "preempt"
 
     def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_prefill_chunk"):
+            value = getattr(self, name)
+            if value is None and name == "max_prefill_chunk":
+                continue
+            try:
+                if isinstance(value, bool):
+                    raise TypeError
+                object.__setattr__(self, name, operator.index(value))
+            except TypeError:
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
         if self.max_prefill_chunk is not None and self.max_prefill_chunk < 1:
