@@ -195,3 +195,24 @@ def test_a_key_join_refuses_is_a_miss_not_stopiteration():
     assert pool.leading_hits([strided], 0, 1) == []
     with pytest.raises(TypeError):
         pool.index.column([strided])
+
+
+# -- outside prefixkv/flat: a foreign prompt's hashes reach a flat pool unchecked --------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="prefixkv/manager.py _as_prompt: a Prompt carrying precomputed hashes "
+                   "(made by another manager with the same block size / algorithm / seed, e.g. index='dict' "
+                   "with a trace's integer ids) is taken without _check_digests; the flat pool refuses them "
+                   "at publish, after admit allocated the blocks, which stay held by no sequence")
+def test_admit_of_a_foreign_prompt_with_non_digest_hashes_changes_nothing():
+    from prefixkv import KVCacheManager
+    from prefixkv.errors import HashMismatch
+
+    other = KVCacheManager(num_blocks=16, block_size=4, hash_seed=0, index="dict")
+    mgr = KVCacheManager(num_blocks=16, block_size=4, hash_seed=0, index="flat")
+    prompt = other.prompt_from_hashes([1, 2, 3], 12)
+    free = mgr.pool.num_free
+    with pytest.raises((HashMismatch, TypeError)):
+        mgr.admit("a", prompt)
+    assert mgr.pool.num_free == free
+    mgr.check_invariants()
