@@ -3,6 +3,15 @@ with the test that showed it.
 
 * numba's on-disk cache (``cache=True``) with nowhere to write: importing the kernels raised, so
   ``available()`` said yes and ``KVCacheManager()`` (index ``"auto"``) failed to build.
+* Hashes whose widths only add up (24 + 8 bytes for a 16-byte index) were entered as keys that are
+  neither, silently.
+* ``publish_many`` with more hashes than blocks: the compiled insertion read past the blocks array
+  (a segfault); blocks and hashes now pair as ``zip`` pairs them, as in the dict pool.
+* ``cache_many`` (host demotions) and ``publish_many``'s per-block path raised on a hash the index
+  cannot key only after claiming blocks / publishing the ones before it.
+* ``publish`` of a block past the index's rows wrote memory past its arrays.
+* A bytes-like key that ``bytes.join`` refuses let StopIteration out of lookups.
+* (xfail, outside prefixkv/flat) ``admit`` of another manager's hash-only prompt with integer ids.
 """
 
 import os
