@@ -82,8 +82,11 @@ def _make_pool(index: str, digest_size: int, num_blocks: int, block_size: int, p
         if index == "flat" and not flat.available():
             raise InvalidArgument("index", "'flat' needs numba, which does not import here (pip install numba)")
         if flat.available() and not kwargs.get("verify"):
-            from .flat.pool import FlatBlockPool
-            return FlatBlockPool(num_blocks, block_size, policy, digest_size=digest_size, **kwargs)
+            from .flat.pool import MAX_BLOCKS, FlatBlockPool
+            if num_blocks <= MAX_BLOCKS or index == "flat":
+                pool = FlatBlockPool(num_blocks, block_size, policy, digest_size=digest_size, **kwargs)
+                pool.hashes_checked = True      # the manager checks every hash it is given (_check_digests)
+                return pool
     return BlockPool(num_blocks, block_size, policy, **kwargs)
 
 
@@ -250,6 +253,8 @@ class KVCacheManager:
                     "this prompt was hashed for another manager: block size / algorithm / seed "
                     f"{theirs.block_size} / {theirs.algorithm} / {theirs.seed} here "
                     f"{ours.block_size} / {ours.algorithm} / {ours.seed}; prepare it with this manager's prompt()")
+            if theirs is not ours and prompt.tokens is None:
+                self._check_digests(prompt.block_hashes())     # another manager's may hold other hashes
             return prompt
         return Prompt(self.hasher, (encoded := encode_tokens(prompt, "prompt")), len(encoded), NO_EXTRA_KEYS)
 

@@ -191,7 +191,8 @@ def test_a_finished_request_whose_hint_is_invalid_does_not_leak_its_blocks():
     the request: its blocks stayed active with no owner, for good."""
     mgr, sched = make(num_blocks=8, policy="session", max_num_batched_tokens=64)
     engine = Engine(sched, EchoExecutor(), clock=SimulatedClock())
-    engine.add_request([1, 2, 3, 4, 5], max_new_tokens=2, session="s", next_arrival=-1.0, request_id="a")
+    engine.add_request([1, 2, 3, 4, 5], max_new_tokens=2, session="s", request_id="a")
+    engine.requests["a"].next_arrival = -1.0    # add_request refuses it now; a scheduler user may not
     with pytest.raises(ValueError, match="next_arrival"):
         engine.run()
     assert "a" not in sched.requests and "a" not in mgr
@@ -219,14 +220,12 @@ def test_a_policy_raising_on_a_hint_does_not_leak_the_requests_blocks():
     mgr.check_invariants()
 
 
-@pytest.mark.xfail(strict=True, reason="prefixkv/engine/engine.py (out of this review's scope): add_request "
-                   "sets session / end / next_arrival after the request is in and never checks them; a bad "
-                   "one is only found when the request finishes (SessionHint raises mid-update)")
 def test_add_request_refuses_an_invalid_session_hint_up_front():
     mgr, sched = make(num_blocks=8, policy="session")
     engine = Engine(sched, EchoExecutor(), clock=SimulatedClock())
     with pytest.raises(ValueError, match="next_arrival"):
         engine.add_request([1, 2, 3], max_new_tokens=1, session="s", next_arrival=-1.0)
+    assert not engine.requests and not sched.requests
 
 
 # -- update: the executor's tokens are checked before anything changes ---------------------------
@@ -378,12 +377,14 @@ def test_abort_all_releases_every_request_even_when_one_release_raises():
     the later requests live and holding blocks."""
     mgr, sched = make(num_blocks=16, policy="session", max_num_batched_tokens=64)
     engine = Engine(sched, EchoExecutor(), clock=SimulatedClock())
-    engine.add_request([1, 2, 3, 4, 5], max_new_tokens=4, session="s", next_arrival=-1.0, request_id="bad")
+    engine.add_request([1, 2, 3, 4, 5], max_new_tokens=4, session="s", request_id="bad")
+    engine.requests["bad"].next_arrival = -1.0  # (add_request refuses it up front)
     engine.add_request([6, 7, 8], max_new_tokens=4, request_id="ok")
     engine.add_request([9, 9], max_new_tokens=4, request_id="waiting", arrival_time=100.0)
     engine.step()
     with pytest.raises(ValueError, match="next_arrival"):
         engine.close()
+    assert all(engine.requests[i].metrics.finished is not None for i in ("bad", "ok", "waiting"))
     assert not sched.requests and not sched.running and not sched.waiting
     assert len(mgr) == 0 and mgr.stats().active_blocks == 0
     assert {engine.requests[i].status for i in ("bad", "ok", "waiting")} == {RequestStatus.CANCELLED}

@@ -11,7 +11,7 @@ with the test that showed it.
   cannot key only after claiming blocks / publishing the ones before it.
 * ``publish`` of a block past the index's rows wrote memory past its arrays.
 * A bytes-like key that ``bytes.join`` refuses let StopIteration out of lookups.
-* (xfail, outside prefixkv/flat) ``admit`` of another manager's hash-only prompt with integer ids.
+* (fixed in manager._as_prompt) ``admit`` of another manager's hash-only prompt with integer ids.
 """
 
 import os
@@ -209,10 +209,6 @@ def test_a_key_join_refuses_is_a_miss_not_stopiteration():
 # -- outside prefixkv/flat: a foreign prompt's hashes reach a flat pool unchecked --------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="prefixkv/manager.py _as_prompt: a Prompt carrying precomputed hashes "
-                   "(made by another manager with the same block size / algorithm / seed, e.g. index='dict' "
-                   "with a trace's integer ids) is taken without _check_digests; the flat pool refuses them "
-                   "at publish, after admit allocated the blocks, which stay held by no sequence")
 def test_admit_of_a_foreign_prompt_with_non_digest_hashes_changes_nothing():
     from prefixkv import KVCacheManager
     from prefixkv.errors import HashMismatch
@@ -225,3 +221,14 @@ def test_admit_of_a_foreign_prompt_with_non_digest_hashes_changes_nothing():
         mgr.admit("a", prompt)
     assert mgr.pool.num_free == free
     mgr.check_invariants()
+
+
+def test_pools_past_32_bit_slots_are_refused_flat_and_auto_falls_back_to_the_dict():
+    from prefixkv import BlockPool, KVCacheManager
+    from prefixkv.flat.pool import MAX_BLOCKS, FlatBlockPool
+    from prefixkv.policies import make_policy
+
+    with pytest.raises(ValueError, match="32-bit"):
+        FlatBlockPool(MAX_BLOCKS + 1, 16, make_policy("lru"))
+    assert type(KVCacheManager(MAX_BLOCKS + 1, 16).pool) is BlockPool       # empty: costs nothing
+    assert type(KVCacheManager(MAX_BLOCKS, 16).pool) is FlatBlockPool

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Hashable, Iterable, Sequence
 
 from ..manager import KVCacheManager
+from ..policies import SessionHint
 from ..costs import PreemptionCostModel
 from .metrics import RunMetrics, WallClock, summarize
 from .plan import Executor, StepPlan
@@ -148,7 +149,10 @@ class Engine:
         cache blocks (a tenant): only requests with an equal salt share them. ``session`` (and
         optionally ``end``, e.g. ``"tool_use"`` when the caller knows the answer ends in a tool
         call, and ``next_arrival`` seconds) become the session hint its blocks are released with
-        (``prefixkv.policies.SessionHint``), for policies such as ``session``."""
+        (``prefixkv.policies.SessionHint``), for policies such as ``session``; they are checked here
+        (``InvalidArgument``, engine unchanged), not when the request finishes."""
+        if session is not None:
+            SessionHint(session, end=end, time=0.0, next_arrival=next_arrival)      # raises on a bad field
         request_id = self._add(prompt, max_new_tokens=max_new_tokens, request_id=request_id, sampling=sampling,
                                eos_token_id=eos_token_id, arrival_time=arrival_time, salt=salt)
         request = self.requests[request_id]
@@ -296,11 +300,15 @@ class Engine:
     def close(self) -> None:
         """Cancel every live request (their blocks go back to the pool); close the remote tier."""
         t = self.clock.now()
-        for r in self.scheduler.abort_all():
-            r.metrics.finished = t
-        if self.remote is not None:
-            self.remote.close()          # sends what is queued (bounded), stops its thread
-            self.remote = self._remote_step = None
+        live = [r for r in self.requests.values() if not r.status.done]
+        try:
+            self.scheduler.abort_all()   # releases every request even when one release raises
+        finally:
+            for r in live:
+                r.metrics.finished = t
+            if self.remote is not None:
+                self.remote.close()          # sends what is queued (bounded), stops its thread
+                self.remote = self._remote_step = None
 
     def __enter__(self) -> "Engine":
         return self

@@ -19,6 +19,10 @@ from ..pool import BlockPool
 from .index import FlatIndex, as_block_array as index_blocks
 
 
+# Slots keep ``block + 1`` in 32 bits.
+MAX_BLOCKS = 2**32 - 2
+
+
 class _IndexMap(Mapping):
     """The index as ``dict[hash, block]``, for the base class's per-element paths and readers."""
 
@@ -102,8 +106,15 @@ class FlatBlockPool(BlockPool):
         if kwargs.get("verify"):
             raise ValueError("verify mode keeps each block's content and reads the chain per block: "
                              "use BlockPool (index='dict')")
+        if num_blocks > MAX_BLOCKS:
+            raise ValueError(f"a flat index addresses at most {MAX_BLOCKS:,} blocks (32-bit slots), got "
+                             f"{num_blocks:,}: use BlockPool (index='dict')")
         self.index = FlatIndex(digest_size)
         self._column: tuple | None = None       # (hashes, their keys) checked by cache_many
+        # Set by an owner whose every hash is already known to be a digest of this width (the
+        # manager: its hasher's, or precomputed ones it checked; a host tier: the device index's):
+        # entering keys then skips the check per hash (~35 ns each; 2,048 in a long prompt).
+        self.hashes_checked = False
         super().__init__(num_blocks, block_size, policy, **kwargs)
 
     def _make_index(self) -> None:
@@ -139,6 +150,12 @@ class FlatBlockPool(BlockPool):
             return super().holds_none(hashes)
         return int(self.index.lookup_many(q).max()) < 0
 
+    def num_unused_cached(self) -> int | None:
+        reused = self._reused
+        if reused is None:
+            return None
+        return sum(1 for block in self.index.blocks() if not reused[block])
+
     def _uncached_among(self, blocks: list[int]) -> int:
         return len(blocks) - self.index.count_held(blocks)
 
@@ -151,12 +168,13 @@ class FlatBlockPool(BlockPool):
         if column is not None and column[0] is hashes:
             q = column[1]          # checked by cache_many already
         else:
-            q = index.column(hashes, exact=True)
+            q = index.column(hashes, exact=not self.hashes_checked)
         return index.setdefault_many(q, blocks)
 
     def publish_many(self, blocks: list[int], hashes: list[Hashable], parents: Sequence[Hashable | None],
                      depths: Sequence[int]) -> None:
-        if self.verify or self.events is not None or (self._on_cached is not None and self._cached_batch is None):
+        if not self.hashes_checked and (self.verify or self.events is not None
+                                        or (self._on_cached is not None and self._cached_batch is None)):
             # the base class publishes block by block here: a hash this index cannot key must raise
             # before the first is entered (the batch path checks them all first)
             self.index.column(hashes[:len(blocks)], exact=True)
@@ -165,7 +183,7 @@ class FlatBlockPool(BlockPool):
     def cache_many(self, hashes: list[Hashable], parents: list[Hashable | None], depths: list[int]) -> list[int]:
         # A hash this index cannot key raises before a block is claimed (or a victim evicted) for it:
         # the base class claims the blocks first and enters the hashes after.
-        q = self.index.column(hashes, exact=True)
+        q = self.index.column(hashes, exact=not self.hashes_checked)
         self._column = (hashes, q)
         try:
             return super().cache_many(hashes, parents, depths)

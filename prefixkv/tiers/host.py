@@ -44,6 +44,7 @@ class HostTier:
             from ..flat.pool import FlatBlockPool
             self.pool = FlatBlockPool(num_blocks, block_size, policy, digest_size=digest_size,
                                       record_events=record_events, medium=MEDIUM)
+            self.pool.hashes_checked = True     # demoted from the device's index, or swapped out
         self.cache = cache
         self.inclusive = inclusive
         self.stores = 0            # demotions written here
