@@ -76,11 +76,11 @@ class PrefixKVAdapter:
     """The workload's callbacks over one prefixkv KVCacheManager."""
 
     def __init__(self, num_blocks: int, block_size: int, hash_algorithm: str = "xxh3_128",
-                 policy: str = "lru") -> None:
+                 policy: str = "lru", index: str = "auto") -> None:
         from prefixkv import KVCacheManager
 
         self.mgr = KVCacheManager(num_blocks, block_size, hash_seed=0, hash_algorithm=hash_algorithm,
-                                  policy=policy)
+                                  policy=policy, index=index)
         self.block_size = block_size
         self.blocks_acquired = 0
         self.blocks_released = 0
@@ -179,9 +179,9 @@ def run_schedule_decode_step(W, reqs, concurrency, ad: PrefixKVAdapter):
 
 
 def replay(W, reqs, *, num_blocks, block_size, concurrency, hash_algorithm="xxh3_128",
-           decode_step=False, policy="lru"):
+           decode_step=False, policy="lru", index="auto"):
     """Run the schedule and check the end state; returns (adapter, RunStats)."""
-    ad = PrefixKVAdapter(num_blocks, block_size, hash_algorithm, policy)
+    ad = PrefixKVAdapter(num_blocks, block_size, hash_algorithm, policy, index)
     if decode_step:
         st = run_schedule_decode_step(W, reqs, concurrency, ad)
     else:
@@ -207,6 +207,7 @@ def main(argv=None):
     ap.add_argument("--hash", default="xxh3_128", choices=sorted(HASH_ALGORITHMS),
                     help="prefixkv hash_algorithm")
     ap.add_argument("--policy", default="lru", help="eviction policy name")
+    ap.add_argument("--index", default="auto", choices=("auto", "flat", "dict"), help="the pool's hash index")
     ap.add_argument("--decode-step", action="store_true",
                     help="one mgr.decode_step() per scheduler step instead of append_token per request")
     ap.add_argument("--profile", type=int, nargs="?", const=25, metavar="TOP",
@@ -220,7 +221,8 @@ def main(argv=None):
     long_tokens = W.make_long_prompt(args.seed, args.long_prompt_len, args.vocab)
 
     replay_args = dict(num_blocks=args.num_blocks, block_size=args.block_size, concurrency=args.concurrency,
-                       hash_algorithm=args.hash, decode_step=args.decode_step, policy=args.policy)
+                       hash_algorithm=args.hash, decode_step=args.decode_step, policy=args.policy,
+                       index=args.index)
     if args.profile:
         import cProfile
         import pstats

@@ -272,6 +272,11 @@ class BlockPool:
         """No hash of ``hashes`` is cached here."""
         return self._cached.keys().isdisjoint(hashes)
 
+    def _hash_flags(self) -> tuple[Sequence, Any]:
+        """A sequence by block and the value it holds for a block without a hash (compared by
+        identity): the hash list and None here."""
+        return self.block_hash, None
+
     def _uncached_among(self, blocks: list[int]) -> int:
         """How many of ``blocks`` hold no hash."""
         return gather(self.block_hash, blocks).count(None)
@@ -767,12 +772,13 @@ class BlockPool:
         released: list[int] = []
         on_released = self.policy.on_released if batch is None else released.append
         duplicates = self._duplicate_hash
+        held, no_hash = self._hash_flags()
         for block in blocks_in_order:
             count = ref[block] - 1
             ref[block] = count
             if count:
                 continue
-            if block_hash[block] is not None:
+            if held[block] is not no_hash:
                 if prio is not None:
                     prio[block] = priority
                 on_released(block)

@@ -48,14 +48,45 @@ def _joins(h) -> bool:
     return True
 
 
+_warmed: set[int] = set()
+
+
+def _warm(words: int) -> None:
+    """Call every loop once on a tiny index, so that loading them (from numba's cache, or compiling
+    them) happens when the first pool of this key width is built, not inside its first batches."""
+    if words in _warmed:
+        return
+    _warmed.add(words)
+    index = FlatIndex(8 * words, warm=False)
+    index.ensure_blocks(4)
+    keys = [bytes([i]) * (8 * words) for i in (1, 2, 3)]
+    q = index.column(keys)
+    index.setdefault_many(q[:2], [0, 1])
+    index.setdefault_one(q[2:], 2)
+    index.lookup_run(q)
+    index.lookup_many(q)
+    index.get(keys[0])
+    index.count_held([0, 1])
+    index.remove_blocks([0], True)
+    index.assign(keys[0], 3)
+    index.remove(keys[0])
+    index.blocks()
+    index._reserve(2 * _MIN_TABLE)
+
+
 class FlatIndex:
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, *, warm: bool = True) -> None:
         if width <= 0 or width % 8:
             raise ValueError(f"a flat index keys digests of a multiple of 8 bytes, got width {width}")
+        if warm:
+            _warm(width // 8)
         self.width = width
         self.words = width // 8
         self.keys = np.zeros((0, self.words), np.uint64)
-        self.has = np.zeros(0, np.uint8)
+        # The flags live in a bytearray that ``has`` views: the compiled loops read and write the
+        # array, Python reads ``flags[block]`` at list speed (a pool's per-block release loop).
+        self.flags = bytearray()
+        self.has = np.frombuffer(self.flags, np.uint8)
         self.slots = np.zeros(_MIN_TABLE, np.int64)
         self.count = 0          # entries in the table
         self._scratch = np.zeros(1, np.int64)
@@ -68,9 +99,9 @@ class FlatIndex:
             return
         keys = np.zeros((n, self.words), np.uint64)
         keys[:have] = self.keys
-        has = np.zeros(n, np.uint8)
-        has[:have] = self.has
-        self.keys, self.has = keys, has
+        flags = bytearray(n)
+        flags[:have] = self.flags
+        self.keys, self.flags, self.has = keys, flags, np.frombuffer(flags, np.uint8)
 
     def _reserve(self, extra: int) -> None:
         """Keep the table at most half full after ``extra`` more entries."""
@@ -116,7 +147,7 @@ class FlatIndex:
     def hash_of(self, block: int) -> bytes | None:
         """The key ``block`` holds, or None."""
         if 0 <= block < self.has.shape[0]:
-            return self.keys[block].tobytes() if self.has[block] == 1 else None
+            return self.keys[block].tobytes() if self.flags[block] == 1 else None
         raise IndexError(f"block {block} out of range")
 
     def hashes_of(self, blocks: Sequence[int]) -> list[bytes]:
@@ -134,7 +165,7 @@ class FlatIndex:
             self.has[block] = 1
 
     def held(self, block: int) -> bool:
-        return bool(self.has[block] == 1)
+        return self.flags[block] == 1
 
     def count_held(self, blocks: Sequence[int]) -> int:
         return int(kernels.count_held(self.has, as_block_array(blocks)))
@@ -175,6 +206,16 @@ class FlatIndex:
             raise KeyError(h)
         self.count -= 1
         return int(block)
+
+    def setdefault_one(self, q: np.ndarray, block: int) -> int:
+        """``map.setdefault(q[0], block)`` (a decode step's one new full block)."""
+        if not 0 <= block < self.has.shape[0]:
+            raise IndexError(f"block {block} has no row in this index (rows for {self.has.shape[0]})")
+        self._reserve(1)
+        got = int(kernels.insert_one(self.slots, self.keys, self.has, q, block))
+        if got == block:
+            self.count += 1
+        return got
 
     def setdefault_many(self, q: np.ndarray, blocks: Sequence[int]) -> list[int]:
         """``[map.setdefault(k, b) for k, b in zip(q, blocks)]`` in one call (pairs as ``zip`` does:

@@ -141,6 +141,21 @@ def insert_many(slots, keys, has, q, blocks, got, scratch):
 
 
 @_jit(nogil=True)
+def insert_one(slots, keys, has, q, block):
+    """``insert_many`` of one key: the block holding ``q[0]`` after a setdefault."""
+    mask = slots.shape[0] - 1
+    tag = _tag(q[0])
+    s = _probe(slots, keys, q, 0, tag, mask)
+    if s >= 0:
+        return (slots[s] & _BLOCK) - 1
+    for j in range(q.shape[1]):
+        keys[block, j] = q[0, j]
+    has[block] = 1
+    slots[-s - 1] = (tag << 32) | (block + 1)
+    return block
+
+
+@_jit(nogil=True)
 def _delete_slot(slots, s):
     """Empty slot ``s``, shifting back the entries after it that may move (linear probing)."""
     mask = slots.shape[0] - 1

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Hashable, Iterable, Iterator, Sequence
 
+import numpy as np
+
 from ..errors import PolicyError
 from ..pool import BlockPool
 from .index import FlatIndex, as_block_array as index_blocks
@@ -156,6 +158,9 @@ class FlatBlockPool(BlockPool):
             return None
         return sum(1 for block in self.index.blocks() if not reused[block])
 
+    def _hash_flags(self):
+        return self.index.flags, 0      # (bytearray items are small ints: 0 is CPython's one 0)
+
     def _uncached_among(self, blocks: list[int]) -> int:
         return len(blocks) - self.index.count_held(blocks)
 
@@ -167,6 +172,11 @@ class FlatBlockPool(BlockPool):
         column = self._column
         if column is not None and column[0] is hashes:
             q = column[1]          # checked by cache_many already
+        elif len(blocks) == 1 and hashes:
+            h = hashes[0]          # a decode step's one new full block: no join, no arrays of one
+            q = np.frombuffer(h, np.uint64).reshape(1, index.words) if type(h) is bytes and len(h) == index.width \
+                else index.column(hashes, exact=True)
+            return [index.setdefault_one(q, blocks[0])]
         else:
             q = index.column(hashes, exact=not self.hashes_checked)
         return index.setdefault_many(q, blocks)
