@@ -120,6 +120,17 @@ def _tagged(tag: int, payload: bytes) -> bytes:
     return struct.pack("<BI", tag, len(payload)) + payload
 
 
+# A multimodal item's offset in a block is hashed as "<q".
+_MAX_POSITION = 2**63 - 1
+
+
+def _check_key(argument: str, value: object) -> None:
+    """Refuse an extra-key value ``_typed`` cannot encode (``InvalidArgument`` naming ``argument``)."""
+    if isinstance(value, bool) or not isinstance(value, (str, bytes, int)):
+        raise InvalidArgument(argument, f"extra key values must be str, bytes or int, got "
+                                        f"{type(value).__name__} {value!r:.60}")
+
+
 def _typed(value: str | bytes | int) -> bytes:
     if isinstance(value, bool):
         raise TypeError("extra key values must be str, bytes or int, not bool")
@@ -143,8 +154,20 @@ class MultiModalItem:
     length: int
 
     def __post_init__(self) -> None:
+        # Checked here, not when a block is first hashed: a float start, a bool or a float
+        # identifier used to pass and then fail in match/admit (or, for a bool, hash as an int).
+        _check_key("identifier", self.identifier)
+        for name in ("start", "length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise InvalidArgument(name, f"a multimodal item's {name} must be an int, got "
+                                            f"{type(value).__name__} {value!r}")
+            object.__setattr__(self, name, int(value))
         if self.start < 0 or self.length <= 0:
             raise ValueError(f"multimodal item needs start >= 0 and length > 0, got {self}")
+        if self.start + self.length > _MAX_POSITION:
+            raise InvalidArgument("start", f"a multimodal item must end by position 2**63 - 1 (its offset in a "
+                                           f"block is hashed as a signed 64-bit int), got {self}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +182,24 @@ class ExtraKeys:
     salt: str | bytes | int | None = None
     adapter: str | bytes | int | None = None
     multimodal: tuple[MultiModalItem, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Checked when made (a salt of 1.5 was taken by ``mgr.prompt`` and failed in ``match``); the
+        # items are kept as a tuple, so a caller's list changed afterwards changes nothing here.
+        for name in ("salt", "adapter"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_key(name, value)
+        items = self.multimodal
+        if type(items) is not tuple:
+            if isinstance(items, (MultiModalItem, str, bytes)) or not hasattr(items, "__iter__"):
+                raise InvalidArgument("multimodal", f"expected a sequence of MultiModalItem, got "
+                                                    f"{type(items).__name__}")
+            items = tuple(items)
+            object.__setattr__(self, "multimodal", items)
+        for i, item in enumerate(items):
+            if not isinstance(item, MultiModalItem):
+                raise InvalidArgument("multimodal", f"item {i} is a {type(item).__name__}, not a MultiModalItem")
 
     def is_empty(self) -> bool:
         return self.salt is None and self.adapter is None and not self.multimodal

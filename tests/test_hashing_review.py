@@ -1,0 +1,97 @@
+"""Review of hashing.py, prompt.py and sim/workloads.py: each test pins one defect that was found
+(or, as xfail strict, one whose fix lies outside those files or would change digests).
+
+Digest pins first: no fix here may change a hash of an input that was accepted and well formed.
+"""
+
+import math
+
+import pytest
+import xxhash
+
+from prefixkv import BlockHasher, ExtraKeys, KVCacheManager, MultiModalItem
+from prefixkv.errors import InvalidArgument
+from prefixkv.hashing import encode_tokens
+from prefixkv.sim.workloads import WorkloadConfig, generate_requests
+
+# -- digest pins (taken before any fix of this review) --------------------------------------------
+
+_PIN_CASES = {
+    "plain": ExtraKeys(),
+    "salt_str": ExtraKeys(salt="tenant-a"),
+    "salt_int_adapter": ExtraKeys(salt=-5, adapter=b"lora"),
+    "mm": ExtraKeys(salt="t", multimodal=(MultiModalItem("img", 3, 6), MultiModalItem(7, 10, 2))),
+}
+_PINS = {
+    ("xxh3_128", "plain"): "e0cf167f79e020b0",
+    ("xxh3_128", "salt_str"): "968de2fe5cba3140",
+    ("xxh3_128", "salt_int_adapter"): "f09c605868a03b19",
+    ("xxh3_128", "mm"): "ba958ce92d83fc24",
+    ("xxh3_64", "plain"): "4a9d0ceaadda228c",
+    ("xxh3_64", "salt_str"): "ca0fe24b8e0da536",
+    ("xxh3_64", "salt_int_adapter"): "cd0970ed8bb48fe9",
+    ("xxh3_64", "mm"): "11940344957c3457",
+}
+
+
+@pytest.mark.parametrize("algorithm,case", sorted(_PINS))
+def test_digests_are_pinned(algorithm, case):
+    hasher = BlockHasher(4, seed=11, algorithm=algorithm)
+    digests = hasher.hash_blocks(encode_tokens(range(16)), 0, 4, None, _PIN_CASES[case])
+    assert len(digests) == 4 and all(len(d) == hasher.digest_size for d in digests)
+    assert xxhash.xxh3_64_hexdigest(b"".join(digests)) == _PINS[algorithm, case]
+
+
+def test_prompt_hashes_do_not_follow_a_mutated_input_list():
+    mgr = KVCacheManager(num_blocks=16, block_size=4, hash_seed=0, index="dict")
+    ids = list(range(8))
+    prompt = mgr.prompt(ids)
+    ids[0] = 99                                   # before the lazy hashing
+    assert prompt.block_hashes() == mgr.prompt(list(range(8))).block_hashes()
+
+
+# -- extra keys of a type the hasher cannot encode were accepted, failing later -------------------
+
+@pytest.mark.parametrize("kwargs,argument", [
+    (dict(salt=1.5), "salt"),
+    (dict(salt=True), "salt"),
+    (dict(salt=["a"]), "salt"),
+    (dict(adapter=2.0), "adapter"),
+    (dict(adapter=False), "adapter"),
+    (dict(multimodal=(("img", 0, 4),)), "multimodal"),          # a tuple, not a MultiModalItem
+    (dict(multimodal=MultiModalItem("img", 0, 4)), "multimodal"),  # one item, not a sequence
+])
+def test_extra_keys_of_wrong_type_are_refused_when_made(kwargs, argument):
+    with pytest.raises(InvalidArgument) as info:
+        ExtraKeys(**kwargs)
+    assert info.value.argument == argument
+
+
+def test_extra_keys_of_wrong_type_are_refused_by_prompt_not_by_match():
+    mgr = KVCacheManager(num_blocks=16, block_size=4, hash_seed=0, index="dict")
+    with pytest.raises(InvalidArgument, match="salt"):
+        mgr.prompt(list(range(8)), salt=1.5)
+
+
+@pytest.mark.parametrize("args,argument", [
+    (("img", 0.5, 4), "start"),
+    (("img", True, 4), "start"),
+    (("img", 0, 4.0), "length"),
+    (("img", 0, True), "length"),
+    (("img", 2**63, 4), "start"),                 # the offset is hashed as a signed 64-bit int
+    ((1.5, 0, 4), "identifier"),
+    ((None, 0, 4), "identifier"),
+    ((False, 0, 4), "identifier"),
+])
+def test_multimodal_item_fields_are_checked_when_made(args, argument):
+    with pytest.raises(InvalidArgument) as info:
+        MultiModalItem(*args)
+    assert info.value.argument == argument
+
+
+def test_multimodal_list_is_kept_as_a_tuple():
+    items = [MultiModalItem("img", 0, 4)]
+    extra = ExtraKeys(multimodal=items)
+    items.append(MultiModalItem("other", 4, 4))   # the caller's list changes after hashing
+    assert extra.multimodal == (MultiModalItem("img", 0, 4),)
+    hash(extra)
