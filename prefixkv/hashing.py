@@ -200,6 +200,12 @@ class ExtraKeys:
         for i, item in enumerate(items):
             if not isinstance(item, MultiModalItem):
                 raise InvalidArgument("multimodal", f"item {i} is a {type(item).__name__}, not a MultiModalItem")
+        if len(items) > 1:
+            # Two inputs cannot occupy one token position (an item listed twice, a wrong offset).
+            ordered = sorted(items, key=lambda item: item.start)
+            for before, after in zip(ordered, ordered[1:]):
+                if after.start < before.start + before.length:
+                    raise InvalidArgument("multimodal", f"items overlap: {before} and {after}")
 
     def is_empty(self) -> bool:
         return self.salt is None and self.adapter is None and not self.multimodal

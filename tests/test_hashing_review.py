@@ -95,3 +95,23 @@ def test_multimodal_list_is_kept_as_a_tuple():
     items.append(MultiModalItem("other", 4, 4))   # the caller's list changes after hashing
     assert extra.multimodal == (MultiModalItem("img", 0, 4),)
     hash(extra)
+
+
+# -- overlapping multimodal items were accepted ----------------------------------------------------
+
+@pytest.mark.parametrize("items", [
+    (MultiModalItem("a", 0, 4), MultiModalItem("b", 2, 4)),
+    (MultiModalItem("b", 2, 4), MultiModalItem("a", 0, 4)),
+    (MultiModalItem("a", 0, 4), MultiModalItem("a", 0, 4)),          # one item listed twice
+    (MultiModalItem("a", 0, 10), MultiModalItem("b", 9, 1), MultiModalItem("c", 20, 1)),
+])
+def test_overlapping_multimodal_items_are_refused(items):
+    # Two inputs cannot occupy one token position: such a list is a caller's bug (an item listed
+    # twice, a wrong offset), and it used to be hashed as it came.
+    with pytest.raises(InvalidArgument, match="overlap"):
+        ExtraKeys(multimodal=items)
+
+
+def test_adjacent_multimodal_items_are_fine():
+    ExtraKeys(multimodal=(MultiModalItem("a", 0, 4), MultiModalItem("b", 4, 4)))
+    ExtraKeys(multimodal=(MultiModalItem("b", 4, 4), MultiModalItem("a", 0, 4)))
