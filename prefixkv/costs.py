@@ -124,16 +124,35 @@ class CostParams:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("float", float) and not (isinstance(value, (int, float)) and value >= 0
-                                                   and math.isfinite(value)):
-                raise ValueError(f"cost parameter {f.name} must be a finite number >= 0, got {value!r}")
-        for name in ("kv_read_bytes_per_s", "link_bytes_per_s", "remote_bytes_per_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"cost parameter {name} must be > 0")
+            problem = _field_problem(f, getattr(self, f.name))
+            if problem:
+                raise ValueError(f"cost parameter {f.name} {problem}")
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+_POSITIVE = ("kv_read_bytes_per_s", "link_bytes_per_s", "remote_bytes_per_s")
+
+
+def _field_problem(f, value) -> str | None:
+    """What is wrong with ``value`` for the ``CostParams`` field ``f`` (None: nothing)."""
+    if f.type in ("float", float):
+        if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+            return f"must be a finite number >= 0, got {value!r}"
+        if f.name in _POSITIVE and value <= 0:
+            return f"must be > 0, got {value!r}"
+    return None
+
+
+def _line_of(text: str, key: str, toml: bool) -> int:
+    """The 1-based line where ``key`` is given in a JSON or TOML text (1 when it cannot be found)."""
+    import re
+
+    k = re.escape(key)
+    pattern = (rf'^[ \t]*(?:{k}|"{k}"|\'{k}\')\s*=' if toml else rf'"{k}"\s*:')
+    match = re.search(pattern, text, re.MULTILINE)
+    return text.count("\n", 0, match.start()) + 1 if match else 1
 
 
 _H200_SOURCE = (
@@ -191,10 +210,16 @@ def load_params(spec: str | Path | None = None) -> CostParams:
     base = data.pop("base", "h200")
     if base not in PROFILES:
         raise ValueError(f"{path}: unknown base profile {base!r}; choose from {', '.join(PROFILES)}")
-    known = {f.name for f in fields(CostParams)}
-    unknown = sorted(set(data) - known)
+    toml = path.suffix == ".toml"
+    known = {f.name: f for f in fields(CostParams)}
+    unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ValueError(f"{path}: unknown cost parameter(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise ValueError(f"{path}:{_line_of(text, unknown[0], toml)}: unknown cost parameter(s) "
+                         f"{', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    for key, value in data.items():
+        problem = _field_problem(known[key], value)
+        if problem:
+            raise ValueError(f"{path}:{_line_of(text, key, toml)}: cost parameter {key} {problem}")
     data.setdefault("name", path.stem)
     data.setdefault("source", f"{path} (on top of profile {base})")
     return replace(PROFILES[base], **data)

@@ -1,0 +1,26 @@
+"""Review of ``prefixkv bench``, ``prefixkv.costs`` and ``prefixkv.sizing``: one test (or group) per
+defect found; each failed before its fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prefixkv.costs import CostParams, load_params
+
+
+# -- cost profile files: a bad field names the file, the field and its line ---------------------------
+
+@pytest.mark.parametrize("name, text, field, line", [
+    ("a.json", '{\n  "base": "h200",\n  "prefill_s_per_token": "abc"\n}\n', "prefill_s_per_token", 3),
+    ("b.toml", 'base = "cpu-tiny"\n\nlink_bytes_per_s = 0\n', "link_bytes_per_s", 3),
+    ("c.json", '{"decode_s_per_token": 1e999}', "decode_s_per_token", 1),
+])
+def test_cost_file_bad_value_names_file_field_and_line(tmp_path, name, text, field, line):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        load_params(path)
+    msg = str(info.value)
+    assert f"{path}:{line}" in msg and field in msg
