@@ -240,6 +240,9 @@ class BlockHasher:
     __slots__ = ("block_size", "algorithm", "seed", "digest_size", "root", "_digest")
 
     def __init__(self, block_size: int, seed: int | None = None, algorithm: str = "xxh3_128") -> None:
+        if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
+            raise InvalidArgument("block_size", f"must be an int, got {type(block_size).__name__} {block_size!r}")
+        block_size = int(block_size)
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
@@ -268,6 +271,10 @@ class BlockHasher:
         tokens hashes just the blocks that became full.
         """
         size = self.block_size
+        if not 0 <= first_block <= stop_block or stop_block * size > len(tokens):
+            # Else the tokens past the last full block (or none) were hashed as a full block.
+            raise ValueError(f"blocks {first_block}..{stop_block - 1} are not full blocks of "
+                             f"{len(tokens)} tokens at block size {size}")
         width = size * TOKEN_BYTES
         digest = self._digest
         prev = self.root if parent is None else parent

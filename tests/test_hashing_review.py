@@ -115,3 +115,38 @@ def test_overlapping_multimodal_items_are_refused(items):
 def test_adjacent_multimodal_items_are_fine():
     ExtraKeys(multimodal=(MultiModalItem("a", 0, 4), MultiModalItem("b", 4, 4)))
     ExtraKeys(multimodal=(MultiModalItem("b", 4, 4), MultiModalItem("a", 0, 4)))
+
+
+# -- BlockHasher: a bool or float block size; blocks past the tokens hashed as if full -------------
+
+@pytest.mark.parametrize("size", [True, 4.0, "4"])
+def test_block_size_must_be_an_int(size):
+    # True was taken as a block size of 1; 4.0 failed later in struct.pack with "required argument
+    # is not an integer".
+    with pytest.raises(InvalidArgument) as info:
+        BlockHasher(size, seed=0)
+    assert info.value.argument == "block_size"
+
+
+@pytest.mark.parametrize("extra", [ExtraKeys(), ExtraKeys(salt="s"),
+                                   ExtraKeys(multimodal=(MultiModalItem("img", 0, 2),))])
+def test_hash_blocks_refuses_blocks_the_tokens_do_not_fill(extra):
+    # 6 tokens at block size 4 hold one full block; asking for two hashed the 2 leftover tokens
+    # (or, with multimodal items, nothing at all) as if they were a full block.
+    hasher = BlockHasher(4, seed=0)
+    with pytest.raises(ValueError, match="full block"):
+        hasher.hash_blocks(encode_tokens(range(6)), 0, 2, None, extra)
+    with pytest.raises(ValueError):
+        hasher.hash_blocks(encode_tokens(range(8)), 1, 0, None, extra)
+    with pytest.raises(ValueError):
+        hasher.hash_blocks(encode_tokens(range(8)), -1, 1, None, extra)
+    assert len(hasher.hash_blocks(encode_tokens(range(6)), 0, 1, None, extra)) == 1
+
+
+def test_a_prompt_claiming_more_tokens_than_it_holds_does_not_hash_a_partial_block():
+    from prefixkv import Prompt
+
+    hasher = BlockHasher(4, seed=0)
+    prompt = Prompt(hasher, encode_tokens(range(6)), 8)
+    with pytest.raises(ValueError):
+        prompt.block_hashes()
