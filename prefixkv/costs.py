@@ -137,8 +137,12 @@ _POSITIVE = ("kv_read_bytes_per_s", "link_bytes_per_s", "remote_bytes_per_s")
 
 def _field_problem(f, value) -> str | None:
     """What is wrong with ``value`` for the ``CostParams`` field ``f`` (None: nothing)."""
+    if f.type in ("bool", bool):
+        return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+    if f.type in ("str", str):
+        return None if isinstance(value, str) else f"must be a string, got {value!r}"
     if f.type in ("float", float):
-        if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
             return f"must be a finite number >= 0, got {value!r}"
         if f.name in _POSITIVE and value <= 0:
             return f"must be > 0, got {value!r}"
@@ -208,8 +212,9 @@ def load_params(spec: str | Path | None = None) -> CostParams:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected an object of cost parameters")
     base = data.pop("base", "h200")
-    if base not in PROFILES:
-        raise ValueError(f"{path}: unknown base profile {base!r}; choose from {', '.join(PROFILES)}")
+    if not isinstance(base, str) or base not in PROFILES:
+        raise ValueError(f"{path}:{_line_of(text, 'base', path.suffix == '.toml')}: unknown base profile "
+                         f"{base!r}; choose from {', '.join(PROFILES)}")
     toml = path.suffix == ".toml"
     known = {f.name: f for f in fields(CostParams)}
     unknown = sorted(set(data) - set(known))

@@ -24,3 +24,25 @@ def test_cost_file_bad_value_names_file_field_and_line(tmp_path, name, text, fie
         load_params(path)
     msg = str(info.value)
     assert f"{path}:{line}" in msg and field in msg
+
+
+@pytest.mark.parametrize("text, field", [
+    ('{"read_whole_blocks": "no"}', "read_whole_blocks"),        # a truthy string: whole blocks read
+    ('{"decode_s_per_token": true}', "decode_s_per_token"),       # true is not 1 s per token
+    ('{"name": 5}', "name"),
+    ('{"base": ["h200"]}', "base"),                               # was TypeError: unhashable type
+])
+def test_cost_file_wrong_type_is_refused(tmp_path, text, field):
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        load_params(path)
+    assert str(path) in str(info.value) and field in str(info.value)
+
+
+def test_cost_params_checks_types_when_built_directly():
+    with pytest.raises(ValueError, match="read_whole_blocks"):
+        CostParams(read_whole_blocks="no")
+    with pytest.raises(ValueError, match="prefill_s_per_token"):
+        CostParams(prefill_s_per_token=True)
+    assert CostParams(read_whole_blocks=False).read_whole_blocks is False
