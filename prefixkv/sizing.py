@@ -18,7 +18,7 @@ DTYPE_BYTES = {
 }
 
 _UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 
 
 def parse_size(text: str | int) -> int:
@@ -37,8 +37,10 @@ def parse_size(text: str | int) -> int:
             raise ValueError(f"size {text!r} uses a decimal or ambiguous unit; use KiB/MiB/GiB/TiB "
                              "(powers of 2) or a plain byte count")
         raise ValueError(f"unknown size unit {unit!r} in {text!r}; use B, KiB, MiB, GiB or TiB")
-    value = float(number) * _UNITS[key]
-    if value != int(value):
+    from fractions import Fraction
+
+    value = Fraction(number) * _UNITS[key]       # exact: a float loses bytes past 2**53
+    if value.denominator != 1:
         raise ValueError(f"size {text!r} is not a whole number of bytes")
     return int(value)
 

@@ -46,3 +46,25 @@ def test_cost_params_checks_types_when_built_directly():
     with pytest.raises(ValueError, match="prefill_s_per_token"):
         CostParams(prefill_s_per_token=True)
     assert CostParams(read_whole_blocks=False).read_whole_blocks is False
+
+
+# -- sizes --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, value", [
+    ("9007199254740993", 2**53 + 1),                  # a byte count past float precision
+    ("12345678901234567891", 12345678901234567891),
+    ("4.5TiB", 9 * 2**39),
+    ("0.5KiB", 512),
+])
+def test_parse_size_is_exact(text, value):
+    from prefixkv.sizing import parse_size
+
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["1.0000000000000001GiB", "0.3B", "\u0663GiB"])
+def test_parse_size_refuses_what_is_not_whole_ascii_bytes(text):
+    from prefixkv.sizing import parse_size
+
+    with pytest.raises(ValueError):
+        parse_size(text)
