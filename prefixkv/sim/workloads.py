@@ -51,6 +51,11 @@ __all__ = ["WorkloadConfig", "DEFAULT_WORKLOAD", "BUILTIN_WORKLOADS", "generate_
 KINDS = ("chat", "fewshot", "agent", "oneshot")
 
 
+def _is_int(value: object) -> bool:
+    """A plain int (the header is JSON: no numpy ints), not a bool."""
+    return type(value) is int
+
+
 @dataclass(frozen=True)
 class WorkloadConfig:
     """Parameters of a synthetic workload (token counts are tokens; times are seconds)."""
@@ -92,6 +97,9 @@ class WorkloadConfig:
     oneshot_output_tokens: tuple[int, int] = (20, 300)
 
     def __post_init__(self) -> None:
+        if not _is_int(self.seed) or self.seed < 0:
+            # None seeded numpy from the OS: another trace on every call, "seed": null in the header.
+            raise ValueError(f"seed must be an int >= 0 (the same seed writes the same trace), got {self.seed!r}")
         if self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         if self.block_size < 1 or self.vocab_size < 2 or self.num_tenants < 1 or self.templates_per_tenant < 1:
