@@ -68,3 +68,40 @@ def test_parse_size_refuses_what_is_not_whole_ascii_bytes(text):
 
     with pytest.raises(ValueError):
         parse_size(text)
+
+
+# -- the bench command's arguments ----------------------------------------------------------------
+
+def _no_run(monkeypatch):
+    import prefixkv.bench.runner as runner
+
+    def boom(*args, **kwargs):
+        raise AssertionError("the benchmark ran")
+    monkeypatch.setattr(runner, "run_bench", boom)
+
+
+def test_block_size_larger_than_the_pool_is_refused_before_any_run(monkeypatch, capsys):
+    from prefixkv.bench.cli import main as bench_main
+
+    _no_run(monkeypatch)
+    with pytest.raises(SystemExit) as info:
+        bench_main(["--requests", "2", "--block-sizes", "16,100000000", "--pool", "1GiB"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--block-sizes" in err and "100000000" in err and "1 GiB" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--model-spec", "0,8,128"], "--model-spec"),
+    (["--model-spec", "32,8,128,bf16,3"], "--model-spec"),
+    (["--tp", "3"], "--tp"),
+])
+def test_bad_model_spec_names_the_argument(monkeypatch, capsys, argv, names):
+    from prefixkv.bench.cli import main as bench_main
+
+    _no_run(monkeypatch)
+    with pytest.raises(SystemExit) as info:
+        bench_main(["--requests", "2", "--block-sizes", "16", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert names in err and "Traceback" not in err

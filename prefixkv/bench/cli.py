@@ -99,6 +99,16 @@ def check_pool_memory(cfg) -> None:
     require_blocks(blocks, f"a pool of {format_size(cfg.pool_bytes)} at block size {smallest}")
 
 
+def check_block_sizes(cfg) -> None:
+    """Refuse, before any run, a block size of which the pool cannot hold even one block."""
+    largest = max(cfg.block_sizes)
+    per_block = cfg.spec.bytes_per_block(largest)
+    if cfg.pool_bytes < per_block:
+        raise ValueError(f"--block-sizes {largest}: one block of {largest} tokens takes {format_size(per_block)}, "
+                         f"more than the whole --pool of {format_size(cfg.pool_bytes)}; use smaller block sizes "
+                         f"or a larger pool")
+
+
 def _progress(status, total: int):
     """Spinner text after each block size: how many are done and, from their pace, the time left."""
     start = time.perf_counter()
@@ -122,6 +132,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.reserve_tokens is not None and not args.compare_reserved:
         raise ValueError("--reserve-tokens sets the reserved baseline's reservation: it needs --compare-reserved")
     cfg = build_config(args)
+    check_block_sizes(cfg)
     check_pool_memory(cfg)
     plot_target = plot_dir(args.plot) if args.plot else None    # before the run, not after
     trace, label = load_bench_trace(args)
