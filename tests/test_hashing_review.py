@@ -176,3 +176,18 @@ def test_workload_with_a_fixed_seed_is_deterministic():
     a, b = generate_requests(SMALL), generate_requests(replace(SMALL))
     assert [(r.timestamp, r.tokens, r.output_tokens, r.session) for r in a] == \
         [(r.timestamp, r.tokens, r.output_tokens, r.session) for r in b]
+
+
+@pytest.mark.parametrize("field", ["session_rate", "think_time", "tool_time", "agent_think_time",
+                                   "chat_turns", "agent_steps", "agent_turns"])
+def test_workload_rates_times_and_means_must_be_finite(field):
+    # session_rate=inf drew every session gap as 0.0: the loop that waits for a session to start
+    # after the n-th request never ended (generate_requests hung). chat_turns/agent_steps/agent_turns
+    # = inf failed in numpy ("p <= 0, p > 1 or p contains NaNs") without naming the field; an
+    # infinite time wrote Infinity (not JSON) into the header.
+    _field_error(field, **{field: math.inf})
+
+
+@pytest.mark.parametrize("field", ["session_rate", "think_time", "chat_turns", "tenant_zipf"])
+def test_workload_float_fields_must_be_numbers(field):
+    _field_error(field, **{field: "4"})

@@ -37,6 +37,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -104,6 +105,13 @@ class WorkloadConfig:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         if self.block_size < 1 or self.vocab_size < 2 or self.num_tenants < 1 or self.templates_per_tenant < 1:
             raise ValueError("block_size, num_tenants and templates_per_tenant must be >= 1, vocab_size >= 2")
+        for name in ("session_rate", "think_time", "tool_time", "agent_think_time", "tenant_zipf", "template_zipf",
+                     "chat_turns", "agent_steps", "agent_turns"):
+            # session_rate=inf drew every gap as 0.0 and generation never ended; an infinite mean count
+            # failed in numpy; an infinite time wrote Infinity (not JSON) into the header.
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
         for name in ("session_rate",):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
