@@ -51,7 +51,14 @@ def resolve_spec(args: argparse.Namespace) -> KVSpec:
             fields[name] = value
     if args.tp is not None:
         fields["tensor_parallel"] = args.tp
-    return KVSpec(**fields)
+    try:
+        return KVSpec(**fields)
+    except ValueError as exc:
+        given = [flag for flag, value in (("--model-spec", args.model_spec), ("--layers", args.layers),
+                                          ("--kv-heads", args.kv_heads), ("--head-dim", args.head_dim),
+                                          ("--dtype", args.dtype), ("--tp", args.tp)) if value is not None]
+        where = ", ".join(given) if given else "the default model spec"
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def build_config(args: argparse.Namespace):
