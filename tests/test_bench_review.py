@@ -105,3 +105,19 @@ def test_bad_model_spec_names_the_argument(monkeypatch, capsys, argv, names):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert names in err and "Traceback" not in err
+
+
+# -- empty and zero-token traces ------------------------------------------------------------------
+
+def test_trace_of_only_empty_prompts_is_refused(tmp_path, capsys):
+    """Was: exit 0 with a table of zeros (usage fractions summing to 0, not 1)."""
+    from prefixkv.bench.cli import main as bench_main
+
+    path = tmp_path / "empty.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 0, "output_length": 3, "hash_ids": []}\n'
+                    '{"timestamp": 5, "input_length": 0, "output_length": 0, "hash_ids": []}\n')
+    with pytest.raises(SystemExit) as info:
+        bench_main(["--trace", str(path), "--block-sizes", "16", "--json"])
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "empty prompt" in captured.err and "Traceback" not in captured.err

@@ -406,6 +406,9 @@ def run_bench(trace: Trace, cfg: BenchConfig, *, trace_label: str | None = None,
     When the baseline cannot serve the trace at all (``ReservedBaselineError``: e.g. a reservation
     larger than the pool), the paged runs are kept and ``reserved_error`` says why."""
     requests = prepare_trace(trace, vocab=vocab)
+    if not requests:
+        raise ValueError(f"nothing to benchmark: every one of the trace's {len(trace.requests):,} request(s) "
+                         f"has an empty prompt")
     info = dict(name=trace_label or trace.name, format=trace.format, native_block_size=trace.block_size,
                 requests=len(requests), prompt_tokens=sum(len(r.prompt) for r in requests),
                 output_tokens=sum(r.max_new_tokens for r in requests),
