@@ -191,3 +191,22 @@ def test_workload_rates_times_and_means_must_be_finite(field):
 @pytest.mark.parametrize("field", ["session_rate", "think_time", "chat_turns", "tenant_zipf"])
 def test_workload_float_fields_must_be_numbers(field):
     _field_error(field, **{field: "4"})
+
+
+@pytest.mark.parametrize("field,value", [
+    ("num_requests", 2.5),        # failed later: "list indices must be integers"
+    ("num_requests", True),       # taken as 1
+    ("vocab_size", 2.5),          # token ids drawn from [0, 2) while the header said 2.5
+    ("block_size", 2.5),          # written into the header, refused by the loader
+    ("num_tenants", 2.5),
+    ("templates_per_tenant", 2.5),
+    ("user_tokens", (1.5, 3)),    # a float bound was accepted
+    ("user_tokens", (False, True)),
+    ("vocab_size", 2**32 + 1),    # token ids the hasher and the trace loader refuse
+])
+def test_workload_counts_must_be_ints_in_range(field, value):
+    _field_error(field, **{field: value})
+
+
+def test_workload_vocab_of_2_pow_32_is_the_largest():
+    WorkloadConfig(vocab_size=2**32)

@@ -101,6 +101,11 @@ class WorkloadConfig:
         if not _is_int(self.seed) or self.seed < 0:
             # None seeded numpy from the OS: another trace on every call, "seed": null in the header.
             raise ValueError(f"seed must be an int >= 0 (the same seed writes the same trace), got {self.seed!r}")
+        for name in ("num_requests", "block_size", "vocab_size", "num_tenants", "templates_per_tenant"):
+            if not _is_int(getattr(self, name)):    # 2.5 failed later or drew from a truncated range
+                raise ValueError(f"{name} must be an int, got {getattr(self, name)!r}")
+        if self.vocab_size > 2**32:
+            raise ValueError(f"vocab_size must be <= 2**32 (token ids are uint32), got {self.vocab_size}")
         if self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         if self.block_size < 1 or self.vocab_size < 2 or self.num_tenants < 1 or self.templates_per_tenant < 1:
@@ -124,8 +129,9 @@ class WorkloadConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name.endswith("_tokens") and not (isinstance(value, tuple) and len(value) == 2
+                                                   and _is_int(value[0]) and _is_int(value[1])
                                                    and 0 <= value[0] <= value[1]):
-                raise ValueError(f"{f.name} must be a (low, high) pair with 0 <= low <= high, got {value!r}")
+                raise ValueError(f"{f.name} must be a (low, high) pair of ints with 0 <= low <= high, got {value!r}")
         kinds = [k for k, _ in self.mix]
         if not kinds or any(k not in KINDS for k in kinds) or len(set(kinds)) != len(kinds):
             raise ValueError(f"mix must name distinct kinds from {KINDS}, got {kinds}")
