@@ -210,3 +210,24 @@ def test_workload_counts_must_be_ints_in_range(field, value):
 
 def test_workload_vocab_of_2_pow_32_is_the_largest():
     WorkloadConfig(vocab_size=2**32)
+
+
+def test_workload_never_writes_an_empty_prompt():
+    # The check "system prompts need at least one token" looked at the upper bound only: with
+    # (0, 1) a tenant's system prompt could be empty, and with empty questions so was the request.
+    _field_error("system_prompt_tokens", system_prompt_tokens=(0, 1), question_tokens=(0, 0),
+                 mix=(("oneshot", 1.0),))
+    requests = generate_requests(WorkloadConfig(num_requests=30, system_prompt_tokens=(1, 1),
+                                                question_tokens=(0, 0), mix=(("oneshot", 1.0),)))
+    assert min(r.input_length for r in requests) == 1
+
+
+@pytest.mark.parametrize("mix", [
+    (("chat",),),                 # ValueError "not enough values to unpack"
+    (("chat", math.inf),),        # probabilities became NaN inside numpy
+    (("chat", "1"),),
+    (("chat", True),),
+    "chat",
+])
+def test_workload_mix_entries_are_kind_weight_pairs(mix):
+    _field_error("mix", mix=mix)

@@ -138,8 +138,9 @@ class WorkloadConfig:
         weights = [w for _, w in self.mix]
         if any(not w >= 0 for w in weights) or sum(weights) <= 0:
             raise ValueError(f"mix weights must be >= 0 with a positive sum, got {weights}")
-        if self.system_prompt_tokens[1] < 1:
-            raise ValueError("system prompts need at least one token")
+        if self.system_prompt_tokens[0] < 1:     # the low bound: else a request could be empty
+            raise ValueError(f"system_prompt_tokens: every system prompt needs at least one token, "
+                             f"got {self.system_prompt_tokens!r}")
 
     def as_dict(self) -> dict:
         return asdict(self)
