@@ -132,6 +132,12 @@ class WorkloadConfig:
                                                    and _is_int(value[0]) and _is_int(value[1])
                                                    and 0 <= value[0] <= value[1]):
                 raise ValueError(f"{f.name} must be a (low, high) pair of ints with 0 <= low <= high, got {value!r}")
+        if not isinstance(self.mix, (tuple, list)) or not all(
+                isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str)
+                and isinstance(entry[1], (int, float)) and not isinstance(entry[1], bool) and math.isfinite(entry[1])
+                for entry in self.mix):
+            # else: an unpacking error, or an infinite weight that numpy turned into NaN probabilities
+            raise ValueError(f"mix must be (kind, finite weight) pairs, got {self.mix!r}")
         kinds = [k for k, _ in self.mix]
         if not kinds or any(k not in KINDS for k in kinds) or len(set(kinds)) != len(kinds):
             raise ValueError(f"mix must name distinct kinds from {KINDS}, got {kinds}")
