@@ -121,3 +121,38 @@ def test_trace_of_only_empty_prompts_is_refused(tmp_path, capsys):
     assert info.value.code == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "empty prompt" in captured.err and "Traceback" not in captured.err
+
+
+# -- concurrency: a request that finishes in a step was running during it ------------------------------
+
+def test_lone_request_counts_as_running(tmp_path):
+    """One request, alone from arrival to finish: it ran during every step, so the time-weighted
+    concurrency is 1 while it runs and the max 1 (was: sampled after each step, when a finished
+    request is gone: max 0 and mean 0 for requests finishing in their first step)."""
+    from prefixkv.bench.runner import BenchConfig, run_bench
+    from prefixkv.sim.traces import load_mooncake
+
+    path = tmp_path / "one.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}\n'
+                    '{"timestamp": 1000000, "input_length": 600, "output_length": 1, "hash_ids": [3, 4]}\n')
+    result = run_bench(load_mooncake(path), BenchConfig(block_sizes=(16,)), compare_reserved=True,
+                       reserve_tokens="request")
+    runs = [result.runs[0].summary, result.reserved["reserved"]]
+    for s in runs:
+        assert s["completed"] == 2
+        assert s["concurrency_max"] == 1
+    # the quiet spell between the two requests counts as 0: the mean is tiny but not 0
+    for s in runs:
+        assert 0 < s["concurrency_mean"] < 0.01
+
+
+def test_concurrency_mean_of_back_to_back_requests_is_one(tmp_path):
+    from prefixkv.bench.runner import BenchConfig, run_bench
+    from prefixkv.sim.traces import load_mooncake
+
+    path = tmp_path / "one.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}\n')
+    result = run_bench(load_mooncake(path), BenchConfig(block_sizes=(16,)), compare_reserved=True,
+                       reserve_tokens="request")
+    for s in (result.runs[0].summary, result.reserved["reserved"]):
+        assert s["concurrency_mean"] == pytest.approx(1.0) and s["concurrency_max"] == 1

@@ -176,6 +176,8 @@ def run_reserved(requests: Sequence, cfg, *, reserve_tokens: int | str = "max") 
     i = n = len(pending)
     i = 0
     running_samples: list[int] = []
+    running_spans: list[float] = []
+    running_values: list[int] = []
     step_starts: list[float] = []
     reserved_samples: list[int] = []
     used_samples: list[int] = []
@@ -231,6 +233,7 @@ def run_reserved(requests: Sequence, cfg, *, reserve_tokens: int | str = "max") 
         clock.advance(elapsed)
         steps += 1
         t = clock.now()
+        finished_now = 0
         for live, _ in work:
             if live.computed == live.length:          # the last known token's logits: sample one
                 live.outputs += 1
@@ -242,7 +245,11 @@ def run_reserved(requests: Sequence, cfg, *, reserve_tokens: int | str = "max") 
                     alloc.release(live.request_id)
                     running.remove(live)
                     done.append(live)
-        running_samples.append(len(running))
+                    finished_now += 1
+        # running during the step (a request that finished in it ran in it), then after it
+        running_samples.append(len(running) + finished_now)
+        running_spans.extend((step_starts[-1], t - t0))
+        running_values.extend((running_samples[-1], len(running)))
         reserved_samples.append(alloc.reserved_slots)
         used_samples.append(alloc.used_slots)
     ttfts = [d.first_token - d.arrival for d in done]
@@ -255,7 +262,8 @@ def run_reserved(requests: Sequence, cfg, *, reserve_tokens: int | str = "max") 
         allocator="reserved-max-length", reserve_tokens=reserve_tokens if reserve_tokens != "max" else
         f"max ({reserved} tokens)", capacity_slots=capacity,
         requests=len(requests), completed=len(done), rejected_too_long=rejected,
-        concurrency_mean=mean(running_samples), concurrency_max=max(running_samples, default=0),
+        concurrency_mean=time_weighted_mean(running_spans, clock.now() - t0)(running_values),
+        concurrency_max=max(running_samples, default=0),
         reserved_fraction_mean=mean(reserved_samples) / capacity if capacity else 0.0,
         used_fraction_mean=mean(used_samples) / capacity if capacity else 0.0,
         ttft_p50_s=percentile(ttfts, 50), ttft_p99_s=percentile(ttfts, 99),

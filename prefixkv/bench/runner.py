@@ -262,6 +262,9 @@ def run_block_size(requests: Sequence[BenchRequest], block_size: int, cfg: Bench
     timeline: dict = {k: [] for k in ("t", "active", "evictable", "free", "running", "waiting", "tail_waste_slots")}
     table_len_sum = table_len_n = table_len_max = 0
     step_starts: list[float] = []
+    running_during: list[int] = []
+    running_spans: list[float] = []
+    running_values: list[int] = []
     rejected = 0
     pending = sorted(requests, key=lambda r: (r.arrival, r.request_id))
     i, n = 0, len(pending)
@@ -288,7 +291,13 @@ def run_block_size(requests: Sequence[BenchRequest], block_size: int, cfg: Bench
                 continue
             raise RuntimeError(f"block size {block_size}: no request can be scheduled")
         st = mgr.stats()
-        step_starts.append(clock.now() - t0 - result.elapsed_s)
+        start = clock.now() - t0 - result.elapsed_s
+        # running during the step (a request that finished in it ran in it), then after it, each
+        # for the time it lasts
+        running_during.append(len(scheduler.running) + len(result.finished))
+        running_spans.extend((start, clock.now() - t0))
+        running_values.extend((running_during[-1], len(scheduler.running)))
+        step_starts.append(start)
         timeline["t"].append(clock.now() - t0)
         timeline["active"].append(st.active_blocks)
         timeline["evictable"].append(st.evictable_blocks)
@@ -311,7 +320,6 @@ def run_block_size(requests: Sequence[BenchRequest], block_size: int, cfg: Bench
     ttfts = [r.metrics.ttft for r in reqs if r.metrics.ttft is not None]
     itls = [x for r in reqs for x in r.metrics.itl]
     waste = np.array(timeline["tail_waste_slots"], dtype=np.float64) * bpt / MiB
-    running = timeline["running"]
     mean = time_weighted_mean(step_starts, timeline["t"][-1] if timeline["t"] else 0.0)
 
     out = dict(
@@ -330,7 +338,9 @@ def run_block_size(requests: Sequence[BenchRequest], block_size: int, cfg: Bench
         prefix_hit_rate=summary["prefix_hit_rate"], prompt_tokens=summary["prompt_tokens"],
         prefix_hit_tokens=summary["prefix_hit_tokens"], prefill_tokens_computed=summary["prefill_tokens_computed"],
         steps=summary["steps"], busy_s=summary["seconds"],
-        concurrency_mean=mean(running), concurrency_max=max(running, default=0),
+        concurrency_mean=time_weighted_mean(running_spans, timeline["t"][-1] if timeline["t"] else 0.0)(
+            running_values),
+        concurrency_max=max(running_during, default=0),
         # Requests that had arrived but were not running: what "the pool is 70% used, why does
         # nobody get in?" needs beside the usage figures.
         waiting_mean=mean(timeline["waiting"]), waiting_max=max(timeline["waiting"], default=0),
