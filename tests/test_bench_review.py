@@ -156,3 +156,33 @@ def test_concurrency_mean_of_back_to_back_requests_is_one(tmp_path):
                        reserve_tokens="request")
     for s in (result.runs[0].summary, result.reserved["reserved"]):
         assert s["concurrency_mean"] == pytest.approx(1.0) and s["concurrency_max"] == 1
+
+
+def test_engine_no_cache_comparison_runs_like_the_paged_runs(monkeypatch):
+    """--executor engine --compare-reserved: the paged run without prefix cache (a row of the
+    comparison) ran outside the --threads pin and without the warm-up run the paged runs get, so
+    its latencies counted torch's first-shape slowness on another thread count."""
+    pytest.importorskip("torch")
+    import torch
+    from dataclasses import replace
+
+    import prefixkv.bench.runner as runner
+    from prefixkv.bench.runner import BenchConfig, run_bench
+    from prefixkv.sim.traces import Trace, TraceRequest
+
+    real = runner.run_block_size
+    calls = []
+
+    def spy(requests, size, cfg):
+        calls.append((size, cfg.enable_caching, torch.get_num_threads()))
+        return real(requests, size, replace(cfg, executor="cost-model"))    # no torch needed here
+
+    monkeypatch.setattr(runner, "run_block_size", spy)
+    threads = 1 if torch.get_num_threads() != 1 else 2
+    trace = Trace([TraceRequest(0.0, 40, 2, None, list(range(40)), [1, 2])], 16, "t", format="tokens")
+    cfg = BenchConfig(block_sizes=(16,), pool_bytes=2**20, spec=runner.KVSpec(2, 2, 16, "float32"),
+                      executor="engine", threads=threads)
+    run_bench(trace, cfg, compare_reserved=True, reserve_tokens="request")
+    no_cache = [c for c in calls if not c[1]]
+    assert len(no_cache) == 2                                  # warm-up, then the kept run
+    assert all(c[2] == threads for c in calls)

@@ -386,7 +386,10 @@ def compare_reserved_baseline(requests: Sequence, cfg, runs, *, reserve_tokens: 
     paged = [dict(allocator="paged", block_size=r.summary["block_size"], **{k: r.summary[k] for k in keys})
              for r in runs]
     mid = sorted(cfg.block_sizes)[len(cfg.block_sizes) // 2]
-    nocache = run_block_size(requests, mid, replace(cfg, enable_caching=False)).summary
+    nocache_cfg = replace(cfg, enable_caching=False)
+    if cfg.executor == "engine":
+        run_block_size(requests, mid, nocache_cfg)      # warm-up, discarded, as for the paged runs
+    nocache = run_block_size(requests, mid, nocache_cfg).summary
     paged_nocache = dict(allocator="paged, no prefix cache", block_size=mid, **{k: nocache[k] for k in keys})
     return dict(reserved=reserved, paged=paged, paged_no_cache=paged_nocache), raw
 
@@ -435,12 +438,13 @@ def run_bench(trace: Trace, cfg: BenchConfig, *, trace_label: str | None = None,
             runs.append(run_block_size(requests, size, cfg))
             if on_done:
                 on_done(size)
-    result = BenchResult(cfg, info, runs)
-    if compare_reserved:
-        try:
-            result.reserved, result.reserved_run = compare_reserved_baseline(requests, cfg, runs, reserve_tokens=reserve_tokens)
-        except ReservedBaselineError as exc:
-            result.reserved_error = str(exc)
+        result = BenchResult(cfg, info, runs)
+        if compare_reserved:        # its paged no-cache row runs on the same threads as the runs above
+            try:
+                result.reserved, result.reserved_run = compare_reserved_baseline(requests, cfg, runs,
+                                                                                 reserve_tokens=reserve_tokens)
+            except ReservedBaselineError as exc:
+                result.reserved_error = str(exc)
     return result
 
 
