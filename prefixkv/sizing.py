@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from numbers import Integral
 
 DTYPE_BYTES = {
     "float32": 4, "fp32": 4,
@@ -54,6 +55,12 @@ def format_size(num_bytes: int) -> str:
     return f"{num_bytes:,} B"
 
 
+def _check_count(name: str, value, positive: bool = False) -> None:
+    """``value`` must be an int (not a bool) >= 0, or > 0 when ``positive``."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < (1 if positive else 0):
+        raise ValueError(f"{name} must be {'a positive' if positive else 'a non-negative'} integer, got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class KVSpec:
     """The model facts that size KV: per token, 2 (K and V) x layers x KV heads
@@ -67,8 +74,11 @@ class KVSpec:
 
     def __post_init__(self) -> None:
         for name in ("layers", "kv_heads", "head_dim", "tensor_parallel"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Integral):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose from {', '.join(sorted(DTYPE_BYTES))}")
         tp, heads = self.tensor_parallel, self.kv_heads
@@ -92,9 +102,11 @@ class KVSpec:
         return 2 * self.layers * self.kv_heads_per_gpu * self.head_dim * self.dtype_bytes
 
     def bytes_per_block(self, block_size: int) -> int:
+        _check_count("block_size", block_size, positive=True)
         return self.bytes_per_token * block_size
 
     def num_blocks(self, pool_bytes: int, block_size: int) -> int:
+        _check_count("pool_bytes", pool_bytes)
         return pool_bytes // self.bytes_per_block(block_size)
 
 
@@ -138,6 +150,8 @@ def plan(spec: KVSpec, block_size: int, pool_bytes: int, prompt_tokens: int, hos
         raise ValueError(f"block_size must be positive, got {block_size}")
     if prompt_tokens <= 0:
         raise ValueError(f"prompt_tokens must be positive, got {prompt_tokens}")
+    _check_count("pool_bytes", pool_bytes)
+    _check_count("host_pool_bytes", host_pool_bytes)
     per_block = spec.bytes_per_block(block_size)
     num_blocks = pool_bytes // per_block
     per_request = -(-prompt_tokens // block_size)

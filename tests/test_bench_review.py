@@ -186,3 +186,32 @@ def test_engine_no_cache_comparison_runs_like_the_paged_runs(monkeypatch):
     no_cache = [c for c in calls if not c[1]]
     assert len(no_cache) == 2                                  # warm-up, then the kept run
     assert all(c[2] == threads for c in calls)
+
+
+# -- KVSpec and plan: non-integer, zero and negative inputs ------------------------------------------
+
+def test_kvspec_refuses_non_integer_fields():
+    from prefixkv.sizing import KVSpec
+
+    with pytest.raises(ValueError, match="layers"):
+        KVSpec(layers=1.5, kv_heads=8, head_dim=128)           # was: a float bytes_per_token
+    with pytest.raises(ValueError, match="head_dim"):
+        KVSpec(layers=32, kv_heads=8, head_dim="128")          # was: TypeError
+    with pytest.raises(ValueError, match="kv_heads"):
+        KVSpec(layers=32, kv_heads=True, head_dim=128)
+
+
+def test_block_and_pool_sizes_are_checked():
+    from prefixkv.sizing import KVSpec, plan
+
+    spec = KVSpec(32, 8, 128)
+    with pytest.raises(ValueError, match="block_size"):
+        spec.num_blocks(2**30, 0)                              # was ZeroDivisionError
+    with pytest.raises(ValueError, match="block_size"):
+        spec.bytes_per_block(-16)                              # was a negative byte count
+    with pytest.raises(ValueError, match="pool_bytes"):
+        spec.num_blocks(-1, 16)
+    with pytest.raises(ValueError, match="pool_bytes"):
+        plan(spec, 16, -5, 10)                                 # was num_blocks -1, max_requests -1
+    with pytest.raises(ValueError, match="host_pool_bytes"):
+        plan(spec, 16, 2**30, 10, host_pool_bytes=-1)
