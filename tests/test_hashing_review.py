@@ -2,6 +2,14 @@
 (or, as xfail strict, one whose fix lies outside those files or would change digests).
 
 Digest pins first: no fix here may change a hash of an input that was accepted and well formed.
+
+Fixed: extra keys of a type the hasher cannot encode accepted when made, failing in match/admit;
+overlapping multimodal items accepted; BlockHasher taking True / 4.0 as a block size; hash_blocks
+hashing leftover tokens as a full block; WorkloadConfig seed=None (a different trace per call);
+session_rate=inf hanging the generator; int fields taking floats/bools, vocab_size past 2**32;
+empty system prompts (zero-length requests); malformed mix entries.
+xfail strict: multimodal item order changes digests; a multimodal item's length is not hashed
+(a collision); mgr.prompt accepting items past its tokens (fix in manager.py).
 """
 
 import math
