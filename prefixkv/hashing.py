@@ -226,7 +226,9 @@ class ExtraKeys:
         out = b""
         for item in self.multimodal:
             if item.start < hi and item.start + item.length > lo:
-                payload = _typed(item.identifier) + struct.pack("<q", item.start - lo)
+                # the item's length too: one id at two lengths covers other positions with its
+                # embedding, so the blocks' KV differ (a collision while only the start was hashed)
+                payload = _typed(item.identifier) + struct.pack("<qQ", item.start - lo, item.length)
                 out += _tagged(_TAG_MULTIMODAL, payload)
         return out
 
