@@ -206,6 +206,8 @@ class ExtraKeys:
             for before, after in zip(ordered, ordered[1:]):
                 if after.start < before.start + before.length:
                     raise InvalidArgument("multimodal", f"items overlap: {before} and {after}")
+            # one canonical order (by position), so the same items listed otherwise hash alike
+            object.__setattr__(self, "multimodal", tuple(ordered))
 
     def is_empty(self) -> bool:
         return self.salt is None and self.adapter is None and not self.multimodal

@@ -208,6 +208,11 @@ class KVCacheManager:
             extra = NO_EXTRA_KEYS if (salt is None and adapter is None and not multimodal) else \
                 ExtraKeys(salt=salt, adapter=adapter, multimodal=tuple(multimodal))
         encoded = encode_tokens(tokens, "tokens")
+        past = next((item for item in extra.multimodal if item.start + item.length > len(encoded)), None)
+        if past is not None:
+            # its key would be hashed into whatever blocks later decode over those positions
+            raise InvalidArgument("multimodal", f"item {past.identifier!r} covers positions {past.start}.."
+                                                f"{past.start + past.length - 1}, past the prompt's {len(encoded)} tokens")
         return Prompt(self.hasher, encoded, len(encoded), extra)
 
     def prompt_from_hashes(self, block_hashes: Sequence[Hashable], num_tokens: int, *,

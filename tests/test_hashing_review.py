@@ -10,7 +10,8 @@ hashing leftover tokens as a full block; WorkloadConfig seed=None (a different t
 session_rate=inf hanging the generator; int fields taking floats/bools, vocab_size past 2**32;
 empty system prompts (zero-length requests); malformed mix entries.
 Fixed by the lead: a multimodal item's length was not hashed (a collision).
-xfail strict: multimodal item order changes digests; mgr.prompt accepting items past its tokens (fix in manager.py).
+Fixed by the lead: mgr.prompt accepting multimodal items past its tokens; multimodal item order
+changing digests (items are kept sorted by start).
 """
 
 import math
@@ -244,10 +245,6 @@ def test_workload_mix_entries_are_kind_weight_pairs(mix):
 
 # -- found, not fixed here (xfail strict) ---------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="a digest change: the multimodal items are hashed in the order given, so "
-                   "the same images listed in another order give other block hashes (a miss, never a "
-                   "collision). Proposed fix: ExtraKeys.__post_init__ sorts the items by start (they cannot "
-                   "overlap now); digests change only for lists given out of order, the pinned ones stay")
 def test_multimodal_item_order_does_not_change_the_hashes():
     hasher = BlockHasher(4, seed=0)
     tokens = encode_tokens(range(8))
@@ -257,31 +254,19 @@ def test_multimodal_item_order_does_not_change_the_hashes():
     assert in_order == reversed_
 
 
-@pytest.mark.xfail(strict=True, reason="fix in manager.prompt (outside this review's files): a multimodal item "
-                   "past the prompt's tokens is accepted, and decode blocks that later cover its positions "
-                   "hash the image's key. Prompt.__init__ cannot check it: the scheduler builds chunk heads "
-                   "(Prompt(tokens[:upto], upto, prompt.extra)) that legitimately end before an item")
 def test_prompt_refuses_multimodal_items_past_its_tokens():
     mgr = KVCacheManager(num_blocks=16, block_size=4, hash_seed=0, index="dict")
     with pytest.raises(ValueError, match="multimodal"):
         mgr.prompt(list(range(8)), multimodal=[MultiModalItem("img", 8, 4)])
 
 
-def test_multimodal_items_past_the_prompt_key_decoded_blocks_today():
-    # What the xfail above is about, shown: the decoded block 2 (positions 8..11) carries the key.
+def test_multimodal_items_inside_the_prompt_are_taken():
     mgr = KVCacheManager(num_blocks=16, block_size=4, hash_seed=0, index="dict")
-    mgr.admit("a", mgr.prompt(list(range(8)), multimodal=[MultiModalItem("img", 8, 4)]))
-    mgr.admit("b", mgr.prompt(list(range(8))))
-    for t in range(8, 12):
-        mgr.append_token("a", t)
-        mgr.append_token("b", t)
-    plain = mgr.prompt(list(range(12)))
-    keyed = mgr.prompt(list(range(12)), multimodal=[MultiModalItem("img", 8, 4)])
-    assert mgr.match(plain, compute_last_token=False).hit_tokens == 12          # b's decoded block
-    assert mgr.match(keyed, compute_last_token=False).hit_tokens == 12          # a's, keyed by "img"
-    assert plain.block_hashes()[2] != keyed.block_hashes()[2]
-    mgr.free("b")
-    mgr.free("a")
+    before = mgr.snapshot()
+    with pytest.raises(ValueError, match="multimodal"):
+        mgr.prompt(list(range(8)), multimodal=[MultiModalItem("img", 6, 4)])       # ends at 9
+    assert mgr.snapshot() == before
+    assert mgr.admit("a", mgr.prompt(list(range(8)), multimodal=[MultiModalItem("img", 4, 4)])) == 0
 
 
 # -- framing: distinct extra-key sets never serialize alike (regression; these all held) -----------
