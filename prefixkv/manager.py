@@ -899,6 +899,13 @@ class KVCacheManager:
             written = [block not in self.unwritten for block in blocks]
             blocks, hashes = list(compress(blocks, written)), list(compress(hashes, written))
         evicted_blocks, evicted_hashes, parents, depths = self._evicted
+        if not evicted_blocks and not self.host.keeps_chain:
+            # one burst per allocation, as a rule: keep its hashes as given (a flat index's rows)
+            self._evicted = (list(blocks), hashes, parents, depths)
+            return
+        if type(evicted_hashes) is not list:
+            evicted_hashes = list(evicted_hashes)
+            self._evicted = (evicted_blocks, evicted_hashes, parents, depths)
         evicted_blocks += blocks
         evicted_hashes += hashes
         if self.host.keeps_chain:

@@ -74,6 +74,41 @@ def _warm(words: int) -> None:
     index._reserve(2 * _MIN_TABLE)
 
 
+class HashRows(Sequence):
+    """Digests as rows of a ``[n, words]`` uint64 array, read as ``bytes`` one by one: what an
+    eviction burst hands to a tier below, so a flat index there takes the rows as they are
+    (``FlatIndex.column``) and nobody makes a ``bytes`` per block unless they read it."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return self.rows.shape[0]
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return HashRows(self.rows[i])
+        return self.rows[i].tobytes()
+
+    def __iter__(self):
+        buf = self.rows.tobytes()
+        w = self.rows.shape[1] * 8
+        return (buf[i:i + w] for i in range(0, len(buf), w))
+
+    def __eq__(self, other) -> bool:
+        """Equal to any list, tuple or HashRows of the same ``bytes`` (as the list it stands for)."""
+        if isinstance(other, (list, tuple, HashRows)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None       # a mutable sequence's stand-in: not hashable, as a list is not
+
+    def __repr__(self) -> str:
+        return f"HashRows({list(self)!r})"
+
+
 class FlatIndex:
     def __init__(self, width: int, *, warm: bool = True) -> None:
         if width <= 0 or width % 8:
@@ -128,6 +163,8 @@ class FlatIndex:
         pool's callers pass ``BlockHasher`` digests, whose widths are fixed): hashes of other widths
         that add up to it make rows that are none of them, which only ever miss in a lookup; keys
         entered into the index (``exact``) are checked one by one."""
+        if type(hashes) is HashRows and hashes.rows.shape[1] == self.words:
+            return hashes.rows          # another flat index's rows: digests of this width already
         try:
             buf = b"".join(hashes)
         except TypeError:
@@ -150,11 +187,10 @@ class FlatIndex:
             return self.keys[block].tobytes() if self.flags[block] == 1 else None
         raise IndexError(f"block {block} out of range")
 
-    def hashes_of(self, blocks: Sequence[int]) -> list[bytes]:
-        """The keys rows of ``blocks`` (whether or not their flags are set), as bytes."""
-        buf = self.keys[as_block_array(blocks)].tobytes()
-        w = self.width
-        return [buf[i:i + w] for i in range(0, len(buf), w)]
+    def hashes_of(self, blocks: Sequence[int]) -> HashRows:
+        """The key rows of ``blocks`` (whether or not their flags are set), copied: a sequence of
+        ``bytes``."""
+        return HashRows(self.keys[as_block_array(blocks)])
 
     def set_held(self, block: int, h) -> None:
         """``block_hash[block] = h``: None clears the flag; a key is written and flagged."""

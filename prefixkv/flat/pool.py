@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import PolicyError
 from ..pool import BlockPool
-from .index import FlatIndex, as_block_array as index_blocks
+from .index import FlatIndex, HashRows, as_block_array as index_blocks
 
 
 # Slots keep ``block + 1`` in 32 bits.
@@ -143,7 +143,8 @@ class FlatBlockPool(BlockPool):
         return self.index.lookup_run(q)
 
     def holds_none(self, hashes: Iterable[Hashable]) -> bool:
-        hashes = list(hashes)
+        if type(hashes) is not HashRows:
+            hashes = list(hashes)
         if not hashes:
             return True
         try:
@@ -235,9 +236,9 @@ class FlatBlockPool(BlockPool):
         if (self._hit_batch is not None and len(blocks) > 1 and not self._duplicates and self.events is None
                 and list(map(ref.__getitem__, blocks)).count(0) == len(blocks)
                 and (distinct or len(set(blocks)) == len(blocks))
-                and self.index.count_held(blocks) == len(blocks)):
+                and self.index.count_held(arr := index_blocks(blocks)) == len(blocks)):
             self._hit_batch(blocks)
-            self.index.remove_blocks(blocks, False)
+            self.index.remove_blocks(arr, False)
             for block in blocks:
                 ref[block] = 1
             self.forgotten += len(blocks)
