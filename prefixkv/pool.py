@@ -475,13 +475,17 @@ class BlockPool:
         self._drop_hash(block, block_hash)
         return block
 
-    def _evict_valid(self, k: int, out: list[int]) -> None:
-        """``_evict_batch`` for a policy whose victims need no checking (``valid_victims``)."""
+    def _victims(self, k: int) -> list:
+        """The policy's ``evict_many(k)``; whatever it raises comes out as PolicyError."""
         try:
-            victims = self._evict_many(k)
+            return self._evict_many(k)
         except Exception as exc:
             name = getattr(self.policy, "name", type(self.policy).__name__)
             raise PolicyError(f"eviction policy {name!r} raised in evict_many(): {type(exc).__name__}: {exc}") from exc
+
+    def _evict_valid(self, k: int, out: list[int]) -> None:
+        """``_evict_batch`` for a policy whose victims need no checking (``valid_victims``)."""
+        victims = self._victims(k)
         block_hash = self.block_hash
         cached = self._cached
         hashes = gather(block_hash, victims)
@@ -514,10 +518,7 @@ class BlockPool:
         PolicyError: the victims before that one are taken (uncached, in ``out``) and the valid
         ones after it go back to the policy (none is taken when the count is wrong)."""
         name = getattr(self.policy, "name", type(self.policy).__name__)
-        try:
-            victims = self._evict_many(k)
-        except Exception as exc:
-            raise PolicyError(f"eviction policy {name!r} raised in evict_many(): {type(exc).__name__}: {exc}") from exc
+        victims = self._victims(k)
         hashes = self._uncache_checked(victims, k)
         if hashes is not None:
             self._took(victims, out)

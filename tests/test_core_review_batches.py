@@ -16,22 +16,7 @@ from prefixkv.errors import OutOfBlocks
 from prefixkv.policies.lru import LRUPolicy
 from prefixkv.pool import BlockPool
 
-
-class _SingleEventLRU(LRUPolicy):
-    """LRU told block by block: overriding the single events hides every batch from the pool."""
-    name = "lru-single"
-
-    def on_cached(self, block):
-        pass
-
-    def on_released(self, block):
-        LRUPolicy.on_released(self, block)
-
-    def on_hit(self, block, was_evictable):
-        LRUPolicy.on_hit(self, block, was_evictable)
-
-    def evict(self):
-        return LRUPolicy.evict(self)
+from policy_doubles import SingleEventLRU
 
 
 HASHES = st.integers(0, 40)      # a small universe: repeats and duplicates are common
@@ -63,7 +48,7 @@ def _state(pool, keep_chain):
        st.lists(op, min_size=5, max_size=60))
 def test_fast_paths_equal_the_block_by_block_pool(num_blocks, track_reuse, verify, events, keep_chain, script):
     pools = [BlockPool(num_blocks, 4, LRUPolicy(), verify=verify, record_events=events, track_reuse=track_reuse),
-             BlockPool(num_blocks, 4, _SingleEventLRU(), verify=verify, record_events=events,
+             BlockPool(num_blocks, 4, SingleEventLRU(), verify=verify, record_events=events,
                        track_reuse=track_reuse)]
     fast, slow = pools
     if keep_chain:
@@ -164,7 +149,7 @@ def test_fast_paths_equal_the_block_by_block_pool(num_blocks, track_reuse, verif
 
 def test_take_cached_of_blocks_hit_before_ends_their_residency():
     """track_reuse: a block hit, released, then taken up a tier starts no residency marked as hit."""
-    pools = [BlockPool(8, 4, LRUPolicy(), track_reuse=True), BlockPool(8, 4, _SingleEventLRU(), track_reuse=True)]
+    pools = [BlockPool(8, 4, LRUPolicy(), track_reuse=True), BlockPool(8, 4, SingleEventLRU(), track_reuse=True)]
     for pool in pools:
         blocks = pool.allocate(3, 4)
         pool.publish_run(blocks, ["a", "b", "c"], None, 0)

@@ -37,6 +37,8 @@ from prefixkv.policies.lru import LRUPolicy  # noqa: E402
 from prefixkv.policies.priority import PriorityPolicy  # noqa: E402
 from prefixkv.pool import BlockPool  # noqa: E402
 
+from policy_doubles import SingleEventLRU  # noqa: E402
+
 # -- the hash universe ---------------------------------------------------------------------------
 
 
@@ -97,23 +99,6 @@ class CheckedLRU(LRUPolicy):
     """LRU without its ``valid_victims`` promise: the pool checks each burst (``_evict_batch``)."""
     name = "lru-checked"
     valid_victims = False
-
-
-class SingleEventLRU(LRUPolicy):
-    """LRU told block by block: overriding the single events hides every batch from the pool."""
-    name = "lru-single"
-
-    def on_cached(self, block):
-        pass
-
-    def on_released(self, block):
-        LRUPolicy.on_released(self, block)
-
-    def on_hit(self, block, was_evictable):
-        LRUPolicy.on_hit(self, block, was_evictable)
-
-    def evict(self):
-        return LRUPolicy.evict(self)
 
 
 EXTRA = {

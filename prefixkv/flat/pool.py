@@ -16,7 +16,6 @@ from typing import Hashable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import PolicyError
 from ..pool import BlockPool
 from .index import FlatIndex, HashRows, as_block_array as index_blocks
 
@@ -203,11 +202,7 @@ class FlatBlockPool(BlockPool):
 
     # -- evicting --------------------------------------------------------------
     def _evict_valid(self, k: int, out: list[int]) -> None:
-        try:
-            victims = self._evict_many(k)
-        except Exception as exc:
-            name = getattr(self.policy, "name", type(self.policy).__name__)
-            raise PolicyError(f"eviction policy {name!r} raised in evict_many(): {type(exc).__name__}: {exc}") from exc
+        victims = self._victims(k)
         self.index.remove_blocks(victims, False)
         self._took(victims, out)
         if self.on_evict_many is not None:
