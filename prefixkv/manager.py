@@ -963,7 +963,10 @@ class KVCacheManager:
         waste = 0
         seen: set[int] = set()
         lengths = []
-        for seq in self._seqs.values():
+        # One C-level copy: a metrics scrape calls this from its own thread while a step may add
+        # or drop sequences (iterating the dict itself would raise mid-scrape).
+        seqs = list(self._seqs.values())
+        for seq in seqs:
             if not seq.table:
                 continue
             lengths.append(len(seq.table))
@@ -975,8 +978,8 @@ class KVCacheManager:
         return CacheStats(
             capacity=pool.num_blocks, block_size=size, active_blocks=pool.num_active,
             evictable_blocks=pool.num_evictable, free_uncached_blocks=pool.num_free_uncached,
-            cached_hashes=pool.num_cached, sequences=len(self._seqs),
-            preempted_sequences=sum(1 for s in self._seqs.values() if s.preempted),
+            cached_hashes=pool.num_cached, sequences=len(seqs),
+            preempted_sequences=sum(1 for s in seqs if s.preempted),
             admitted=c["admitted"], query_tokens=c["query_tokens"], hit_tokens=c["hit_tokens"],
             evictions=pool.evictions, insertions=pool.insertions, unused_removals=pool.unused_removals,
             cow_copies=c["cow_copies"], preemptions=c["preemptions"],

@@ -515,3 +515,27 @@ def test_decode_step_lets_the_last_sharer_write_in_place():
     slots = mgr.decode_step(["a", "b"], [7, 8])
     assert mgr.stats().cow_copies == 1 and len(set(slots.tolist())) == 2
     mgr.check_invariants()
+
+
+def test_stats_reads_the_sequences_once_so_a_concurrent_step_cannot_break_a_scrape():
+    """A Prometheus scrape calls stats() from the server's thread; a step that admits or frees a
+    sequence meanwhile made the iteration over the sequence dict raise mid-scrape."""
+    mgr = make()
+    mgr.admit("a", list(range(10)))
+
+    class Racing:
+        """A sequence whose table, when read, lets a step admit another sequence."""
+        preempted = False
+
+        @property
+        def table(self):
+            if "b" not in mgr:
+                mgr.admit("b", list(range(20, 26)))
+            return []
+
+    mgr._seqs["racer"] = Racing()
+    try:
+        stats = mgr.stats()
+    finally:
+        del mgr._seqs["racer"]
+    assert stats.sequences == 2 and "b" in mgr
