@@ -17,10 +17,10 @@ def _remote_cell(cell, trace, options):
     return replay_cell(cell, trace, options)
 
 
-def run_cells(sources: Sequence, jobs: Sequence[tuple], finish: Callable[[dict], None], *,
+def run_cells(sources: Sequence, jobs: Sequence[tuple], finish: Callable[[int, dict], None], *,
               num_cpus: int | None = None) -> None:
-    """Run ``jobs`` ``(Cell, replay options)``, calling ``finish`` with each result
-    as it arrives. On Ctrl-C or an error the pending tasks are cancelled at once; a Ray started
+    """Run ``jobs`` ``(index, Cell, replay options)``, calling ``finish(index, result)`` with each
+    result as it arrives. On Ctrl-C or an error the pending tasks are cancelled at once; a Ray started
     here is shut down on success or error, and at interpreter exit after an interrupt (it can take
     a few seconds, which the user should not wait for before seeing ``interrupted``)."""
     try:
@@ -37,12 +37,12 @@ def run_cells(sources: Sequence, jobs: Sequence[tuple], finish: Callable[[dict],
     try:
         cell = ray.remote(num_cpus=1, max_retries=0)(_remote_cell)
         traces = {s.label: ray.put(s.load()) for s in sources}
-        for job, options in jobs:
-            pending[cell.remote(job, traces[job.source.label], options)] = job
+        for index, job, options in jobs:
+            pending[cell.remote(job, traces[job.source.label], options)] = index
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
-            del pending[done[0]]
-            finish(ray.get(done[0]))
+            index = pending.pop(done[0])
+            finish(index, ray.get(done[0]))
     except KeyboardInterrupt:
         interrupted = True
         raise

@@ -139,9 +139,12 @@ def replay_cell(cell: Cell, trace: Trace, options: dict) -> dict:
     return result
 
 
-def _run_cell(job: tuple) -> dict:
-    cell, options = job
-    return replay_cell(cell, cell.source.load(), options)
+def _run_cell(job: tuple) -> tuple[int, dict]:
+    """``job``: (the cell's index in the sweep, the cell, the replay options); returns the index
+    with the result, which is filed under it (a result's own fields need not repeat the cell's:
+    a remote tier without a host tier reports the staging host tier replay chose)."""
+    index, cell, options = job
+    return index, replay_cell(cell, cell.source.load(), options)
 
 
 def _ignore_sigint() -> None:
@@ -173,22 +176,25 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
         raise ValueError(f"two traces share the label {next(l for l in labels if labels.count(l) > 1)!r}: "
                          "results are keyed by label")
     cells = [Cell(s, p, c, h) for s in sources for p in policies for c in capacities[s.label] for h in host_capacities]
-    order = {cell.key: i for i, cell in enumerate(cells)}
     options = dict(mode=mode, warmup=warmup, host_policy=host_policy, transfer_cost=transfer_cost, gate=gate)
     if remote_capacity:
         options.update(remote_capacity=remote_capacity, remote_bytes_per_s=remote_bytes_per_s)
     # Biggest caches first: they take longest, and the pool drains evenly.
-    jobs = sorted(((cell, options) for cell in cells), key=lambda j: -(j[0].capacity + j[0].host_capacity))
+    jobs = sorted(((i, cell, options) for i, cell in enumerate(cells)),
+                  key=lambda j: -(j[1].capacity + j[1].host_capacity))
     if backend == "process":
         workers = workers or min(len(jobs), os.cpu_count() or 1)
-    results: list[dict] = []
+    done: dict[int, dict] = {}     # cell index -> result
 
-    def finish(result: dict) -> None:
+    def finish(index: int, result: dict) -> None:
         if "error" in result:
             raise SweepCellError(result["error"])
-        results.append(result)
+        done[index] = result
         if on_done:
             on_done(result)
+
+    def in_order() -> list[dict]:
+        return [done[i] for i in sorted(done)]
 
     try:
         if backend == "ray":
@@ -196,21 +202,19 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
             run_cells(sources, jobs, finish, num_cpus=workers)
         elif workers <= 1:
             for job in jobs:
-                finish(_run_cell(job))
+                finish(*_run_cell(job))
         else:
             pool = multiprocessing.get_context().Pool(workers, initializer=_ignore_sigint)
             try:
-                for result in pool.imap_unordered(_run_cell, jobs):
-                    finish(result)
+                for index, result in pool.imap_unordered(_run_cell, jobs):
+                    finish(index, result)
                 pool.close()
             finally:
                 pool.terminate()      # at once: a failed or interrupted sweep does not wait for queued cells
                 pool.join()
     except KeyboardInterrupt:
-        results.sort(key=lambda r: order[result_key(r)])
-        raise SweepInterrupted(results, len(jobs)) from None
-    results.sort(key=lambda r: order[result_key(r)])
-    return results
+        raise SweepInterrupted(in_order(), len(jobs)) from None
+    return in_order()
 
 
 def gap_summary(results: Sequence[dict], bound: str = "belady", baseline: str = "lru") -> list[dict]:

@@ -1,0 +1,48 @@
+"""Review of the sweep behind ``prefixkv compare`` (process pool and Ray backends), the remote
+tier's replay model, the slot store and the lab: each test was written to fail first."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prefixkv.sim.sweep import SweepCellError, TraceSource, sweep
+from prefixkv.sim.workloads import builtin_trace
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    trace = builtin_trace("default", tmp_path_factory.mktemp("traces"))
+    return TraceSource("default", (str(trace.path),), "tokens")
+
+
+def _mooncake(path, requests):
+    with open(path, "w") as f:
+        for i, ids in enumerate(requests):
+            f.write(json.dumps({"timestamp": i, "input_length": 512 * len(ids), "output_length": 1,
+                                "hash_ids": ids}) + "\n")
+
+
+# -- a remote tier without a host tier: replay sizes a staging host tier itself ------------------
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_remote_tier_sweep_without_host_capacity_returns_its_cells(source, workers):
+    # replay stages remote blocks through a host tier of its own size when none is given, and
+    # reports that size as host_capacity: the sweep must not look its cells up by it (KeyError)
+    results = sweep([source], ["lru", "fifo"], {"default": [50, 100]}, workers=workers, remote_capacity=400)
+    assert [(r["policy"], r["capacity"]) for r in results] == [("lru", 50), ("lru", 100), ("fifo", 50),
+                                                                ("fifo", 100)]
+    assert all(r["remote_capacity"] == 400 for r in results)
+
+
+@pytest.mark.xfail(strict=True, reason="prefixkv/cli.py (outside this review's scope): compare prints its "
+                                       "table per requested host capacity (0), but a remote tier's rows carry "
+                                       "the staging host tier replay chose, so no table is printed at all")
+def test_compare_prints_a_table_for_a_remote_tier_without_host_capacity(capsys):
+    from prefixkv.cli import main
+
+    code = main(["compare", "--policies", "lru,fifo", "--capacities", "200", "--remote-capacity", "500",
+                 "--workers", "1"])
+    out = capsys.readouterr().out
+    assert code == 0 and "lru" in out and "fifo" in out
