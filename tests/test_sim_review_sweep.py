@@ -46,3 +46,17 @@ def test_compare_prints_a_table_for_a_remote_tier_without_host_capacity(capsys):
                  "--workers", "1"])
     out = capsys.readouterr().out
     assert code == 0 and "lru" in out and "fifo" in out
+
+
+# -- auto capacities -------------------------------------------------------------------------
+
+def test_auto_capacities_of_a_trace_without_full_blocks():
+    # every prompt shorter than a block: nothing to share (0 distinct blocks), yet each request
+    # needs one block; the note used to divide by the 0 distinct blocks
+    from prefixkv.sim.sweep import auto_capacities
+    from prefixkv.sim.traces import Trace, TraceRequest
+
+    trace = Trace([TraceRequest(float(i), 5, 1, tokens=[1, 2, 3, 4, 5]) for i in range(3)], 16)
+    caps, note = auto_capacities(trace)
+    assert caps == [1]
+    assert note is not None and "1 block" in note

@@ -96,8 +96,10 @@ def auto_capacities(trace: Trace, fractions: Sequence[float] = AUTO_FRACTIONS,
     high = max(high, largest)
     steps = len(fractions) - 1
     caps = sorted({round(largest * (high / largest) ** (i / steps)) for i in range(steps + 1)})
-    note = (f"auto capacities start at {largest:,} blocks, the largest request "
-            f"({100 * largest / distinct:.1f}% of the {distinct:,} distinct blocks), so every request fits")
+    share = (f"{100 * largest / distinct:.1f}% of the {distinct:,} distinct blocks" if distinct
+             else "the trace has no full block to share")
+    note = (f"auto capacities start at {largest:,} block{'s' if largest != 1 else ''}, the largest request "
+            f"({share}), so every request fits")
     return caps, note
 
 
