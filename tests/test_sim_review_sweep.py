@@ -60,3 +60,18 @@ def test_auto_capacities_of_a_trace_without_full_blocks():
     caps, note = auto_capacities(trace)
     assert caps == [1]
     assert note is not None and "1 block" in note
+
+
+# -- a trace file is read as it is now, not as an earlier sweep of this process saw it ----------
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_rewritten_trace_file_is_read_again(tmp_path, workers):
+    path = tmp_path / "t.jsonl"
+    _mooncake(path, [[1, 2 + i % 3] for i in range(10)])
+    source = TraceSource("t", (str(path),), "mooncake")
+    assert len(source.load()) == 10      # as compare's auto capacities load it, before the workers fork
+    assert sweep([source], ["lru"], {"t": [4]}, workers=workers)[0]["requests"] == 10
+    _mooncake(path, [[1, 2 + i % 3] for i in range(40)])
+    again = sweep([source], ["lru", "fifo"], {"t": [4]}, workers=workers)
+    assert [r["requests"] for r in again] == [40, 40]
+    assert len(source.load()) == 40

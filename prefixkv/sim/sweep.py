@@ -39,11 +39,33 @@ class TraceSource:
     format: str = "auto"
 
     def load(self) -> Trace:
-        return _load_cached(self.paths, self.format)
+        return _load_cached(self.paths, self.format, _signature(self.paths))
+
+
+def _signature(paths: tuple[str, ...]) -> tuple:
+    """What the files behind ``paths`` are now (name, size, modification time; a folder's files
+    too): a cached trace is reused only while its files are unchanged."""
+    out = []
+    for path in paths:
+        if os.path.isdir(path):
+            for root, dirs, files in os.walk(path):
+                dirs.sort()
+                out.extend(_stat(os.path.join(root, name)) for name in sorted(files))
+        else:
+            out.append(_stat(path))
+    return tuple(out)
+
+
+def _stat(path: str) -> tuple:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return path, None           # the loader says what is wrong with it
+    return path, st.st_size, st.st_mtime_ns, st.st_ino
 
 
 @lru_cache(maxsize=4)
-def _load_cached(paths: tuple[str, ...], format: str) -> Trace:
+def _load_cached(paths: tuple[str, ...], format: str, signature: tuple) -> Trace:
     return load_trace(list(paths) if len(paths) > 1 else paths[0], format=format)
 
 
