@@ -75,3 +75,35 @@ def test_a_rewritten_trace_file_is_read_again(tmp_path, workers):
     again = sweep([source], ["lru", "fifo"], {"t": [4]}, workers=workers)
     assert [r["requests"] for r in again] == [40, 40]
     assert len(source.load()) == 40
+
+
+# -- the slot store refuses what a real store could not do, instead of wrapping or broadcasting ----
+
+def test_slot_store_refuses_a_negative_slot():
+    from prefixkv.sim.slotstore import UNWRITTEN, SlotStore
+
+    store = SlotStore(2, 4)
+    with pytest.raises(IndexError):
+        store.write([-1], [5])            # numpy wrapped it to the pool's last slot
+    assert (store.slots == UNWRITTEN).all()
+
+
+def test_slot_store_refuses_a_count_mismatch():
+    from prefixkv.sim.slotstore import UNWRITTEN, SlotStore
+
+    store = SlotStore(2, 4)
+    with pytest.raises(ValueError, match="3 slots.*1 value"):
+        store.write([0, 1, 2], [9])       # numpy broadcast the one value into three slots
+    assert (store.slots == UNWRITTEN).all()
+
+
+def test_slot_store_gather_refuses_a_negative_block_and_a_length_past_the_table():
+    from prefixkv.sim.slotstore import SlotStore
+
+    store = SlotStore(2, 4)
+    with pytest.raises(IndexError):
+        store.gather([-1], 4)             # read the pool's last block
+    with pytest.raises(ValueError, match="20 tokens.*8 slots"):
+        store.gather([0, 1], 20)          # returned 8 values, silently short
+    with pytest.raises(IndexError):
+        store.copy_blocks([(0, -1)])
