@@ -107,3 +107,47 @@ def test_slot_store_gather_refuses_a_negative_block_and_a_length_past_the_table(
         store.gather([0, 1], 20)          # returned 8 values, silently short
     with pytest.raises(IndexError):
         store.copy_blocks([(0, -1)])
+
+
+# -- a worker process that dies (killed for memory, a crashing extension) ends the sweep naming its cell --
+
+_CRASH_SCRIPT = """
+import os, sys
+from prefixkv.policies import LRUPolicy, register
+from prefixkv.sim.sweep import SweepCellError, TraceSource, sweep
+
+PARENT = os.getpid()
+
+class DiesInWorker(LRUPolicy):
+    name = "dies"
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if os.getpid() != PARENT:
+            os._exit(3)
+
+register("dies", DiesInWorker)
+source = TraceSource("default", (sys.argv[1],), "tokens")
+try:
+    sweep([source], ["lru", "dies"], {"default": [50, 100]}, workers=2)
+except SweepCellError as exc:
+    print("ERROR", exc)
+"""
+
+
+def test_a_worker_that_dies_ends_the_sweep_naming_its_cell(source):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _CRASH_SCRIPT, source.paths[0]], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)       # the pool waited forever for the lost cell
+        proc.communicate()
+        pytest.fail("the sweep hung after a worker process died")
+    assert proc.returncode == 0, err
+    assert out.startswith("ERROR default, policy dies, capacity "), out
+    assert "worker process" in out and "died" in out

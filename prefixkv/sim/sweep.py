@@ -163,17 +163,54 @@ def replay_cell(cell: Cell, trace: Trace, options: dict) -> dict:
     return result
 
 
+# In a pool worker: cell index -> pid of the worker that started it (shared with the parent),
+# so that a worker which dies without a result (killed for memory, a crashing extension) is
+# noticed, and its cell named, instead of the pool waiting for that result forever.
+_started = None
+
+
 def _run_cell(job: tuple) -> tuple[int, dict]:
     """``job``: (the cell's index in the sweep, the cell, the replay options); returns the index
     with the result, which is filed under it (a result's own fields need not repeat the cell's:
     a remote tier without a host tier reports the staging host tier replay chose)."""
     index, cell, options = job
+    if _started is not None:
+        _started[index] = os.getpid()
     return index, replay_cell(cell, cell.source.load(), options)
 
 
 def _ignore_sigint() -> None:
     # Ctrl-C reaches the whole process group; the parent alone decides, and terminates the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _init_worker(started) -> None:
+    global _started
+    _started = started
+    _ignore_sigint()
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (reaped, or a zombie not yet reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except OSError:
+        return False
+
+
+def _lost_cells(started, done) -> list[int]:
+    """Cells a worker started and died in (no result has come, and its process is gone)."""
+    return [i for i, pid in enumerate(started) if pid and i not in done and _gone(pid)]
+
+
+_POLL_S = 0.2
 
 
 def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: dict[str, list[int]], *,
@@ -228,9 +265,23 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
             for job in jobs:
                 finish(*_run_cell(job))
         else:
-            pool = multiprocessing.get_context().Pool(workers, initializer=_ignore_sigint)
+            context = multiprocessing.get_context()
+            started = context.RawArray("q", len(cells))
+            pool = context.Pool(workers, initializer=_init_worker, initargs=(started,))
             try:
-                for index, result in pool.imap_unordered(_run_cell, jobs):
+                arriving = pool.imap_unordered(_run_cell, jobs)
+                suspects: set[int] = set()
+                while len(done) < len(jobs):
+                    try:
+                        index, result = arriving.next(timeout=_POLL_S)
+                    except multiprocessing.TimeoutError:
+                        # Lost twice in a row: a result still on its way has arrived by then.
+                        lost = [i for i in _lost_cells(started, done) if i in suspects]
+                        if lost:
+                            raise SweepCellError(f"{cells[lost[0]].describe()}: the worker process replaying it "
+                                                 f"died without a result (pid {started[lost[0]]})") from None
+                        suspects = set(_lost_cells(started, done))
+                        continue
                     finish(index, result)
                 pool.close()
             finally:
