@@ -38,11 +38,15 @@ def run_cells(sources: Sequence, jobs: Sequence[tuple], finish: Callable[[int, d
         cell = ray.remote(num_cpus=1, max_retries=0)(_remote_cell)
         traces = {s.label: ray.put(s.load()) for s in sources}
         for index, job, options in jobs:
-            pending[cell.remote(job, traces[job.source.label], options)] = index
+            pending[cell.remote(job, traces[job.source.label], options)] = index, job
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
-            index = pending.pop(done[0])
-            finish(index, ray.get(done[0]))
+            index, job = pending.pop(done[0])
+            try:
+                result = ray.get(done[0])
+            except Exception as exc:  # noqa: BLE001 - outside replay_cell (a worker died, ...): name the cell
+                result = {"error": f"{job.describe()}: {type(exc).__name__}: {exc}"}
+            finish(index, result)
     except KeyboardInterrupt:
         interrupted = True
         raise
