@@ -228,3 +228,24 @@ def test_remote_counters_leave_out_the_warmup(source):
     measured = replay(trace, "lru", 100, host_capacity=50, remote_capacity=500, warmup=0.5).as_dict()
     assert measured["tier_block_hits"]["remote"] < whole["tier_block_hits"]["remote"]   # windowed
     assert measured["remote_fetches"] < whole["remote_fetches"]
+
+
+# -- sweep's own arguments ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(capacities={"default": [50, 50]}), "capacity 50 twice"),
+    (dict(policies=["lru", "lru"]), "policy 'lru' twice"),
+    (dict(host_capacities=(0, 10, 10)), "host capacity 10 twice"),
+    (dict(capacities={"default": [0, 50]}), "capacities must be positive"),
+    (dict(host_capacities=(-1,)), "host capacities must be >= 0"),
+    (dict(workers=-2), "workers must be positive"),
+])
+def test_sweep_refuses_repeated_and_impossible_cells_up_front(source, kwargs, message):
+    # a repeated cell was replayed twice and listed twice (and counted twice by a progress bar
+    # sized on the distinct cells); a capacity of 0 failed only once a worker reached it
+    args = dict(policies=["lru"], capacities={"default": [50]})
+    args.update(kwargs)
+    seen = []
+    with pytest.raises(ValueError, match=message):
+        sweep([source], args.pop("policies"), args.pop("capacities"), on_done=seen.append, **args)
+    assert seen == []

@@ -213,6 +213,34 @@ def _lost_cells(started, done) -> list[int]:
 _POLL_S = 0.2
 
 
+def _repeated(values) -> object:
+    seen = set()
+    for v in values:
+        if v in seen:
+            return v
+        seen.add(v)
+    return None
+
+
+def _check_axes(sources, policies, capacities, host_capacities) -> None:
+    """Every cell once, and only cells that can run: refused before any worker starts."""
+    twice = _repeated(policies)
+    if twice is not None:
+        raise ValueError(f"policy {twice!r} twice: every cell would run and be listed twice")
+    for s in sources:
+        caps = capacities[s.label]
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in caps):
+            raise ValueError(f"capacities must be positive block counts, got {list(caps)} for {s.label}")
+        twice = _repeated(caps)
+        if twice is not None:
+            raise ValueError(f"capacity {twice} twice for {s.label}: every cell would run and be listed twice")
+    if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in host_capacities):
+        raise ValueError(f"host capacities must be >= 0 blocks, got {list(host_capacities)}")
+    twice = _repeated(host_capacities)
+    if twice is not None:
+        raise ValueError(f"host capacity {twice} twice: every cell would run and be listed twice")
+
+
 def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: dict[str, list[int]], *,
           mode: str = "cache", warmup: float = 0.0, workers: int | None = None, backend: str = "process",
           host_capacities: Sequence[int] = (0,), host_policy: str = "lru", transfer_cost=None, gate: bool = False,
@@ -232,6 +260,9 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
     if bad:
         raise TypeError(f"sweep takes policy names, not {type(bad[0]).__name__} objects: a policy keeps per-pool "
                         "state, so each cell builds its own; register the class under a name")
+    _check_axes(sources, policies, capacities, host_capacities)
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"workers must be positive, got {workers!r}")
     labels = [s.label for s in sources]
     if len(set(labels)) < len(labels):
         raise ValueError(f"two traces share the label {next(l for l in labels if labels.count(l) > 1)!r}: "
