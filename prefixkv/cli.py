@@ -256,7 +256,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             doc["complete"] = False
         print(json.dumps(doc))
     else:
-        for host_capacity in host_caps:
+        # (without --host-capacity, rows of a remote tier carry the staging host tier replay chose)
+        for host_capacity in args.host_capacity or [None]:
             _print_compare_tables(sources, policies, capacities, results, summary, args.mode, interrupted,
                                   host_capacity)
         for note in notes:
@@ -277,7 +278,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _print_compare_tables(sources, policies, capacities, results, summary, mode, interrupted,
-                          host_capacity: int = 0) -> None:
+                          host_capacity: int | None = None) -> None:
+    """One table per trace; ``host_capacity`` picks the rows of one host tier size (None: every row,
+    when no host tier was asked for)."""
     from rich.table import Table
 
     from .console import make_console
@@ -285,7 +288,8 @@ def _print_compare_tables(sources, policies, capacities, results, summary, mode,
     out = make_console()
     for source in sources:
         caps = capacities[source.label]
-        rows = [r for r in results if r["trace"] == source.label and r.get("host_capacity", 0) == host_capacity]
+        rows = [r for r in results if r["trace"] == source.label
+                and (host_capacity is None or r.get("host_capacity", 0) == host_capacity)]
         if not rows:
             continue
         incomplete = (f" [INCOMPLETE: interrupted after {len(interrupted.finished)} of {interrupted.total} "
@@ -309,7 +313,7 @@ def _print_compare_tables(sources, policies, capacities, results, summary, mode,
                 cells.append(f"[bold]{text}[/bold]" if p != "belady" and rate[(p, c)] == best[c] else text)
             table.add_row("MIN (belady)" if p == "belady" else p, *cells)
         gaps = {row["capacity"]: row for row in summary
-                if row["trace"] == source.label and row.get("host_capacity", 0) == host_capacity}
+                if row["trace"] == source.label and (host_capacity is None or row.get("host_capacity", 0) == host_capacity)}
         if online and not interrupted and all("gap_closed" in gaps[c] for c in caps):
             table.add_section()
             table.add_row("best online", *[gaps[c]["best_policy"] for c in caps])

@@ -36,9 +36,6 @@ def test_a_remote_tier_sweep_without_host_capacity_returns_its_cells(source, wor
     assert all(r["remote_capacity"] == 400 for r in results)
 
 
-@pytest.mark.xfail(strict=True, reason="prefixkv/cli.py (outside this review's scope): compare prints its "
-                                       "table per requested host capacity (0), but a remote tier's rows carry "
-                                       "the staging host tier replay chose, so no table is printed at all")
 def test_compare_prints_a_table_for_a_remote_tier_without_host_capacity(capsys):
     from prefixkv.cli import main
 
@@ -216,10 +213,6 @@ def test_a_ray_task_that_fails_outside_replay_is_named(source, monkeypatch):
 
 # -- the remote tier's counters ------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="prefixkv/sim/replay.py (outside this review's scope): remote_fetches, "
-                                       "remote_writes, remote_evictions and remote_transfer_bytes count the "
-                                       "warm-up too, while the tier hits, promotions and demotions beside them "
-                                       "count the measured requests only")
 def test_remote_counters_leave_out_the_warmup(source):
     from prefixkv.sim.replay import replay
 

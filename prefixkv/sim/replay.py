@@ -274,10 +274,13 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
     if host_capacity:
         _count_transfers(result, mgr, transfer_cost)
     if remote is not None:
-        moved = (remote.fetched + remote.written) * block_size * (transfer_cost.kv_bytes_per_token
-                                                                  if transfer_cost is not None else 0)
-        result.extra.update(remote_capacity=remote_capacity, remote_fetches=remote.fetched,
-                            remote_writes=remote.written, remote_evictions=remote.evictions)
+        # over the measured window, as the tier hits, promotions and demotions beside them
+        fetched0, written0, evictions0 = result.extra.pop("_remote_at_warmup", (0, 0, 0))
+        fetched, written = remote.fetched - fetched0, remote.written - written0
+        moved = (fetched + written) * block_size * (transfer_cost.kv_bytes_per_token
+                                                    if transfer_cost is not None else 0)
+        result.extra.update(remote_capacity=remote_capacity, remote_fetches=fetched,
+                            remote_writes=written, remote_evictions=remote.evictions - evictions0)
         if transfer_cost is not None and remote_bytes_per_s:
             result.extra.update(remote_transfer_bytes=moved, remote_transfer_s=moved / remote_bytes_per_s)
     result.replay_s = time.perf_counter() - started
@@ -360,6 +363,8 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
             at_warmup = _pool_counters(mgr.pool)
             if tiers:
                 result.extra["_tiers_at_warmup"] = _tiers_now(mgr)
+            if remote is not None:
+                result.extra["_remote_at_warmup"] = (remote.fetched, remote.written, remote.evictions)
         prompt, accesses, last_tokens = prompts[i]
         if oracle is not None:
             _tell_oracle(oracle, prompt, next_uses[i])
