@@ -28,8 +28,11 @@ _MANAGER_COUNTERS = (
     ("prefixkv_evictions", "Cached blocks evicted", "evictions"),
     ("prefixkv_insertions", "Hashes that entered the prefix cache", "insertions"),
     ("prefixkv_preemptions", "Sequences preempted", "preemptions"),
-    ("prefixkv_promotions", "Blocks brought up from a lower tier (host -> device swap-ins)", "swapped_in_blocks"),
-    ("prefixkv_demotions", "Blocks moved down to a lower tier (device -> host swap-outs)", "swapped_out_blocks"),
+    # (names kept for existing dashboards; they count the swap space, not the host tier's cache)
+    ("prefixkv_promotions", "Blocks of preempted sequences swapped back in (host -> device)", "swapped_in_blocks"),
+    ("prefixkv_demotions", "Blocks of preempted sequences swapped out (device -> host)", "swapped_out_blocks"),
+    ("prefixkv_host_loads", "Blocks loaded from the host tier for prefix hits (host -> device)", "loads"),
+    ("prefixkv_host_demotions", "Evicted device blocks demoted to the host tier (device -> host)", "demotions"),
 )
 
 

@@ -37,3 +37,27 @@ def test_manager_tier_and_router_metrics_over_http():
     assert f'prefixkv_hit_tokens_total{{worker="w0"}} {float(s.hit_tokens)}' in lines and s.hit_tokens == 8
     assert 'prefixkv_router_decisions_total{reason="overlap",router="kv-aware+guard"} 2.0' in lines
     assert 'prefixkv_router_decisions_total{reason="guard",router="kv-aware+guard"} 1.0' in lines
+
+
+def test_host_tier_loads_and_demotions_are_exported_apart_from_swaps():
+    """prefixkv_promotions / _demotions count swap-ins and swap-outs only; the host tier's cache
+    traffic (a prefix hit loaded from the host, an evicted block demoted to it) had no series."""
+    from prometheus_client import generate_latest
+
+    mgr = KVCacheManager(2, 4, hash_seed=0, num_host_blocks=8, host_cache=True)
+    mgr.admit("a", list(range(8)), compute_last_token=False)
+    mgr.free("a")
+    mgr.admit("b", list(range(100, 108)), compute_last_token=False)     # evicts a's 2 blocks: demoted
+    mgr.take_demotions()
+    mgr.free("b")
+    assert mgr.admit("c", list(range(8)), compute_last_token=False) == 8  # a's blocks, from the host
+    mgr.take_demotions()
+    mgr.take_loads()
+    metrics = Metrics()
+    metrics.watch_manager(mgr, worker="w0")
+    lines = set(generate_latest(metrics.registry).decode().splitlines())
+    s = mgr.stats()
+    assert s.loads == 2 and s.demotions >= 2 and s.swapped_in_blocks == 0
+    assert 'prefixkv_host_loads_total{worker="w0"} 2.0' in lines
+    assert f'prefixkv_host_demotions_total{{worker="w0"}} {float(s.demotions)}' in lines
+    assert 'prefixkv_promotions_total{worker="w0"} 0.0' in lines
