@@ -215,3 +215,18 @@ def test_block_and_pool_sizes_are_checked():
         plan(spec, 16, -5, 10)                                 # was num_blocks -1, max_requests -1
     with pytest.raises(ValueError, match="host_pool_bytes"):
         plan(spec, 16, 2**30, 10, host_pool_bytes=-1)
+
+
+
+def test_a_tail_id_never_falls_into_a_trace_files_id_namespace():
+    """A request's own tail tokens came from ``crc32 | 1 << 40``: the second kv-cache-tester file's
+    namespace (its local id h is ``1 << 40 | h``), so a tail could take a trace block's tokens."""
+    import zlib
+
+    from prefixkv.bench.runner import _id64, tokens_for_hash
+    from prefixkv.sim.traces import NAMESPACE_BITS
+
+    tail = ("tail", 7)
+    crc = zlib.crc32(repr(tail).encode())
+    assert _id64(tail) >= 1 << 62 > 200 << NAMESPACE_BITS          # above any file's namespace
+    assert list(tokens_for_hash(tail, 16, 32000)) != list(tokens_for_hash((1 << NAMESPACE_BITS) | crc, 16, 32000))

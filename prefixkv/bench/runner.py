@@ -101,10 +101,15 @@ def _mix(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
+# Ids made for a request's own tail live above every trace id: kv-cache-tester files take
+# ``k << 40`` namespaces (traces.NAMESPACE_BITS), which ``1 << 40 | crc`` used to fall into.
+_OWN_IDS = 1 << 63
+
+
 def _id64(h) -> int:
     if isinstance(h, (int, np.integer)):
         return int(h) & (2**64 - 1)
-    return zlib.crc32(repr(h).encode()) | (1 << 40)
+    return zlib.crc32(repr(h).encode()) | _OWN_IDS
 
 
 def tokens_for_hash(h, n: int, vocab: int) -> np.ndarray:
