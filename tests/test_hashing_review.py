@@ -123,8 +123,13 @@ def test_overlapping_multimodal_items_are_refused(items):
 
 
 def test_adjacent_multimodal_items_are_fine():
-    ExtraKeys(multimodal=(MultiModalItem("a", 0, 4), MultiModalItem("b", 4, 4)))
-    ExtraKeys(multimodal=(MultiModalItem("b", 4, 4), MultiModalItem("a", 0, 4)))
+    a, b = MultiModalItem("a", 0, 4), MultiModalItem("b", 4, 4)
+    in_order = ExtraKeys(multimodal=(a, b))
+    reversed_ = ExtraKeys(multimodal=(b, a))
+    assert in_order.multimodal == reversed_.multimodal == (a, b)      # kept, in one order
+    hasher = BlockHasher(4, seed=0)
+    tokens = encode_tokens(range(8))
+    assert hasher.hash_blocks(tokens, 0, 2, None, in_order) == hasher.hash_blocks(tokens, 0, 2, None, reversed_)
 
 
 # -- BlockHasher: a bool or float block size; blocks past the tokens hashed as if full -------------
@@ -219,7 +224,8 @@ def test_workload_counts_must_be_ints_in_range(field, value):
 
 
 def test_workload_vocab_of_2_pow_32_is_the_largest():
-    WorkloadConfig(vocab_size=2**32)
+    assert WorkloadConfig(vocab_size=2**32).vocab_size == 2**32
+    _field_error("vocab_size", vocab_size=2**32 + 1)
 
 
 def test_workload_never_writes_an_empty_prompt():
