@@ -84,9 +84,9 @@ def _make_pool(index: str, digest_size: int, num_blocks: int, block_size: int, p
         if flat.available() and not kwargs.get("verify"):
             from .flat.pool import MAX_BLOCKS, FlatBlockPool
             if num_blocks <= MAX_BLOCKS or index == "flat":
-                pool = FlatBlockPool(num_blocks, block_size, policy, digest_size=digest_size, **kwargs)
-                pool.hashes_checked = True      # the manager checks every hash it is given (_check_digests)
-                return pool
+                # the manager checks every hash it is given (_check_digests)
+                return FlatBlockPool(num_blocks, block_size, policy, digest_size=digest_size, hashes_checked=True,
+                                     **kwargs)
     return BlockPool(num_blocks, block_size, policy, **kwargs)
 
 

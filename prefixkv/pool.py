@@ -330,15 +330,11 @@ class BlockPool:
         counts = gather(ref, blocks)
         if (self._hit_batch is not None and len(blocks) > 1 and counts.count(0) == len(blocks)
                 and not self._duplicates and self.events is None
-                and (distinct or len(set(blocks)) == len(blocks))):
-            block_hash = self.block_hash
-            hashes = gather(block_hash, blocks)
+                and (distinct or len(set(blocks)) == len(blocks)) and not self._uncached_among(blocks)):
             self._hit_batch(blocks)
-            cached = self._cached
-            for block, h in zip(blocks, hashes):
+            self._uncache(blocks)
+            for block in blocks:
                 ref[block] = 1
-                block_hash[block] = None
-                del cached[h]
             self.forgotten += len(blocks)
             if self._reused is not None:        # the residency ends with its hit
                 reused = self._reused

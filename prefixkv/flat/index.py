@@ -179,6 +179,9 @@ class FlatIndex:
         return np.frombuffer(buf, np.uint64).reshape(-1, self.words)
 
     def key(self, h) -> np.ndarray:
+        """One key as a ``[1, words]`` row (a digest of this width without a join)."""
+        if type(h) is bytes and len(h) == self.width:
+            return np.frombuffer(h, np.uint64).reshape(1, self.words)
         return self.column((h,))
 
     def hash_of(self, block: int) -> bytes | None:
@@ -208,13 +211,10 @@ class FlatIndex:
 
     # -- the map -------------------------------------------------------------
     def get(self, h, default=None):
-        if type(h) is bytes and len(h) == self.width:      # the common case, without a join
-            q = np.frombuffer(h, np.uint64).reshape(1, self.words)
-        else:
-            try:
-                q = self.key(h)
-            except (TypeError, ValueError):
-                return default      # not a key of this index: not in it (as a dict says)
+        try:
+            q = self.key(h)
+        except (TypeError, ValueError):
+            return default      # not a key of this index: not in it (as a dict says)
         s = kernels.find_slot(self.slots, self.keys, q, 0)
         return default if s < 0 else (int(self.slots[s]) & 0xFFFFFFFF) - 1
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Hashable, Iterable, Iterator, Sequence
 
-import numpy as np
-
 from ..pool import BlockPool
 from .index import FlatIndex, HashRows, as_block_array as index_blocks
 
@@ -55,13 +53,6 @@ class _IndexMap(Mapping):
 
     def __delitem__(self, h) -> None:
         self._index.remove(h)
-
-    def setdefault(self, h, block: int) -> int:
-        found = self._index.get(h)
-        if found is None:
-            self._index.assign(h, block)
-            return block
-        return found
 
     def clear(self) -> None:
         self._index.clear()
@@ -103,7 +94,8 @@ class FlatBlockPool(BlockPool):
 
     _index_stores_hashes = True
 
-    def __init__(self, num_blocks: int, block_size: int, policy, *, digest_size: int = 16, **kwargs) -> None:
+    def __init__(self, num_blocks: int, block_size: int, policy, *, digest_size: int = 16,
+                 hashes_checked: bool = False, **kwargs) -> None:
         if kwargs.get("verify"):
             raise ValueError("verify mode keeps each block's content and reads the chain per block: "
                              "use BlockPool (index='dict')")
@@ -112,10 +104,10 @@ class FlatBlockPool(BlockPool):
                              f"{num_blocks:,}: use BlockPool (index='dict')")
         self.index = FlatIndex(digest_size)
         self._column: tuple | None = None       # (hashes, their keys) checked by cache_many
-        # Set by an owner whose every hash is already known to be a digest of this width (the
+        # True from an owner whose every hash is already known to be a digest of this width (the
         # manager: its hasher's, or precomputed ones it checked; a host tier: the device index's):
         # entering keys then skips the check per hash (~35 ns each; 2,048 in a long prompt).
-        self.hashes_checked = False
+        self.hashes_checked = hashes_checked
         super().__init__(num_blocks, block_size, policy, **kwargs)
 
     def _make_index(self) -> None:
@@ -173,10 +165,8 @@ class FlatBlockPool(BlockPool):
         if column is not None and column[0] is hashes:
             q = column[1]          # checked by cache_many already
         elif len(blocks) == 1 and hashes:
-            h = hashes[0]          # a decode step's one new full block: no join, no arrays of one
-            q = np.frombuffer(h, np.uint64).reshape(1, index.words) if type(h) is bytes and len(h) == index.width \
-                else index.column(hashes, exact=True)
-            return [index.setdefault_one(q, blocks[0])]
+            # a decode step's one new full block: no join, no arrays of one
+            return [index.setdefault_one(index.key(hashes[0]), blocks[0])]
         else:
             q = index.column(hashes, exact=not self.hashes_checked)
         return index.setdefault_many(q, blocks)
@@ -224,25 +214,6 @@ class FlatBlockPool(BlockPool):
 
     def _uncache(self, blocks: list[int]) -> None:
         self.index.remove_blocks(blocks, False)
-
-    # -- host tier -------------------------------------------------------------
-    def take_cached(self, blocks: list[int], *, distinct: bool = False) -> None:
-        ref = self.ref_count
-        if (self._hit_batch is not None and len(blocks) > 1 and not self._duplicates and self.events is None
-                and list(map(ref.__getitem__, blocks)).count(0) == len(blocks)
-                and (distinct or len(set(blocks)) == len(blocks))
-                and self.index.count_held(arr := index_blocks(blocks)) == len(blocks)):
-            self._hit_batch(blocks)
-            self.index.remove_blocks(arr, False)
-            for block in blocks:
-                ref[block] = 1
-            self.forgotten += len(blocks)
-            if self._reused is not None:
-                reused = self._reused
-                for block in blocks:
-                    reused[block] = False
-            return
-        super().take_cached(blocks, distinct=distinct)
 
     def _clear_index(self) -> None:
         self.index.clear()

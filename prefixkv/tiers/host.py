@@ -42,9 +42,9 @@ class HostTier:
             self.pool = BlockPool(num_blocks, block_size, policy, record_events=record_events, medium=MEDIUM)
         else:
             from ..flat.pool import FlatBlockPool
+            # its hashes come from the device's index (demoted, or swapped out): checked already
             self.pool = FlatBlockPool(num_blocks, block_size, policy, digest_size=digest_size,
-                                      record_events=record_events, medium=MEDIUM)
-            self.pool.hashes_checked = True     # demoted from the device's index, or swapped out
+                                      hashes_checked=True, record_events=record_events, medium=MEDIUM)
         self.cache = cache
         self.inclusive = inclusive
         self.stores = 0            # demotions written here
