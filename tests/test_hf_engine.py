@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import random
+import weakref
 
 import pytest
 
@@ -55,19 +56,22 @@ def model(reference_model):
     return HFEngineModel(copy.deepcopy(reference_model))
 
 
-_refs: dict = {}
+# Per model object, dropped with it: keyed by id(), a model freed by one test and a new one built
+# at the same address by the next (test_other_architectures, same prompts) got the old references.
+_refs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def reference(hf, prompt, max_new_tokens):
     """The request alone through transformers' generate with its default cache."""
-    key = (id(hf), tuple(prompt), max_new_tokens)
-    if key not in _refs:
+    refs = _refs.setdefault(hf, {})
+    key = (tuple(prompt), max_new_tokens)
+    if key not in refs:
         ids = torch.tensor([prompt])
         out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                           min_new_tokens=max_new_tokens, do_sample=False, cache=DynamicCache(config=hf.config),
                           pad_token_id=0)
-        _refs[key] = out[0, len(prompt):].tolist()
-    return _refs[key]
+        refs[key] = out[0, len(prompt):].tolist()
+    return refs[key]
 
 
 def engine_for(model, *, num_blocks=64, host=0, caching=True, cost=None, **config):
