@@ -170,6 +170,8 @@ class _Simulation:
         self.order = 0
         self.routed = 0
         self.mail: deque[tuple[int, str, list]] = deque()   # (deliver once routed >= this, replica, events)
+        # Simulated time starts at the first request: a request arrives at its timestamp - start.
+        self.start = trace.requests[0].timestamp if trace.requests else 0.0
 
     # -- events to the index -------------------------------------------------
     def _emit(self, replica: _Replica) -> None:
@@ -201,7 +203,7 @@ class _Simulation:
                 replica.queued_prefill_tokens -= job.expected_prefill_tokens
                 self.result.oversized_requests += 1
                 self._count(job, request, 0)
-                self.result.waits.append(now - request.timestamp)
+                self.result.waits.append(now - (request.timestamp - self.start))
                 continue
             if m.blocks_needed + out_blocks > mgr.num_free_blocks:
                 return   # head of line waits for decodes to free blocks
@@ -209,7 +211,7 @@ class _Simulation:
             hit_tokens = mgr.admit(job.index, job.prompt, compute_last_token=False)
             self._emit(replica)
             self._count(job, request, hit_tokens // size)
-            self.result.waits.append(now - request.timestamp)
+            self.result.waits.append(now - (request.timestamp - self.start))
             p = self.params
             computed = max(job.prompt.num_tokens - hit_tokens, 0)
             prefill_s = p.step_overhead_s + computed * p.prefill_s_per_token + replica.running * p.decode_s_per_token
@@ -272,7 +274,7 @@ class _Simulation:
 
     def run(self) -> FleetResult:
         requests = self.trace.requests
-        start = requests[0].timestamp if requests else 0.0
+        start = self.start
         next_arrival = 0
         timeline = self.timeline
         while next_arrival < len(requests) or timeline:
