@@ -31,3 +31,185 @@ def test_simulated_queue_waits_do_not_depend_on_where_the_trace_clock_starts():
     assert min(later.waits) >= 0.0
     assert later.waits == pytest.approx(at_zero.waits, abs=1e-6)
     assert later.as_dict()["p99_wait_s"] == pytest.approx(at_zero.as_dict()["p99_wait_s"], abs=1e-6)
+
+
+# -- a scripted worker on real sockets ------------------------------------------------------
+
+zmq = pytest.importorskip("zmq")
+pytest.importorskip("msgspec")
+
+from prefixkv.fleet import wire  # noqa: E402
+from prefixkv.fleet.index import KVIndex  # noqa: E402
+from prefixkv.fleet.subscriber import FleetSubscriber  # noqa: E402
+
+INTERVAL = 10.0    # heartbeat interval the scripted worker announces: the test clock decides expiry
+
+
+def _stored(*hashes, parent=None) -> "wire.BlockStored":
+    return wire.BlockStored(block_hashes=list(hashes), parent_block_hash=parent, token_ids=[], block_size=4,
+                            lora_id=None, medium="GPU", lora_name=None)
+
+
+class Scripted:
+    """A worker's three sockets (XPUB, ROUTER, XPUB) driven by the test."""
+
+    def __init__(self, worker_id: str = "w", incarnation: str = "one") -> None:
+        self.ctx = zmq.Context()
+        self.events, self.replay, self.beats = (self.ctx.socket(k) for k in (zmq.XPUB, zmq.ROUTER, zmq.XPUB))
+        self.endpoints = {}
+        for name, sock in (("events", self.events), ("replay", self.replay), ("heartbeat", self.beats)):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.bind("tcp://127.0.0.1:0")
+            self.endpoints[name] = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.worker_id, self.incarnation = worker_id, incarnation
+        self.log: dict[int, bytes] = {}
+        self.held: set = set()
+        self.next_seq = 0
+
+    def wait_subscribed(self) -> None:
+        for sock in (self.events, self.beats):
+            sock.setsockopt(zmq.RCVTIMEO, int(BOUND_S * 1000))
+            assert sock.recv()[0] == 1
+
+    def beat(self, worker_id: str | None = None) -> None:
+        hb = wire.Heartbeat(worker_id=worker_id or self.worker_id, incarnation=self.incarnation, fingerprint="",
+                            block_size=4, hash_seed=0, free_blocks=100, queued_prefill_tokens=0,
+                            running_requests=0, next_seq=self.next_seq, interval_s=INTERVAL, ts=time.time())
+        self.beats.send_multipart([wire.HEARTBEAT_TOPIC, wire.encode(hb)])
+
+    def publish(self, *events, lost: bool = False) -> int:
+        seq = self.next_seq
+        self.next_seq += 1
+        payload = wire.encode(wire.KVEventBatch(ts=time.time(), events=list(events), data_parallel_rank=0))
+        self.log[seq] = payload
+        for e in events:
+            if isinstance(e, wire.BlockStored):
+                self.held.update(e.block_hashes)
+            elif isinstance(e, wire.BlockRemoved):
+                self.held.difference_update(e.block_hashes)
+            else:
+                self.held.clear()
+        if not lost:
+            self.events.send_multipart([b"", wire.seq_bytes(seq), payload])
+        return seq
+
+    def take_requests(self) -> list:
+        out = []
+        while self.replay.poll(0):
+            client, _, request = self.replay.recv_multipart()
+            out.append((client, request))
+        return out
+
+    def answer(self, client: bytes, request: bytes) -> None:
+        if request == wire.SNAPSHOT_REQUEST:
+            batch = wire.KVEventBatch(ts=time.time(), events=[wire.AllBlocksCleared(), _stored(*sorted(self.held))])
+            self.replay.send_multipart([client, b"", b"", wire.seq_bytes(self.next_seq), wire.encode(batch)])
+        else:
+            start = int.from_bytes(request, "big")
+            for seq in sorted(self.log):
+                if seq >= start:
+                    self.replay.send_multipart([client, b"", b"", wire.seq_bytes(seq), self.log[seq]])
+        self.replay.send_multipart([client, b"", b"", wire.END_SEQ, b""])
+
+    def close(self) -> None:
+        for sock in (self.events, self.replay, self.beats):
+            sock.close(0)
+        self.ctx.term()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def follow():
+    worker, clock = Scripted(), Clock()
+    sub = FleetSubscriber(KVIndex(), clock=clock)
+    sub.connect("w", worker.endpoints)
+    worker.wait_subscribed()
+    try:
+        yield worker, sub, clock
+    finally:
+        sub.close()
+        worker.close()
+
+
+def _until(sub, condition, worker=None, bound: float = BOUND_S, answer=True):
+    """Poll until ``condition()``; replay requests are answered (``answer``) or collected."""
+    end = time.monotonic() + bound
+    taken = []
+    while time.monotonic() < end:
+        sub.poll(0.02)
+        if worker is not None:
+            for client, request in worker.take_requests():
+                taken.append(request)
+                if answer:
+                    worker.answer(client, request)
+        if condition():
+            return taken
+    raise AssertionError(f"condition not met within {bound} s")
+
+
+def _holds(sub, hashes, worker_id: str = "w") -> bool:
+    return worker_id in sub.index and set(hashes) <= sub.index.blocks_of(worker_id)
+
+
+def _alive(worker, sub, clock) -> None:
+    worker.beat()
+    link = sub.link("w")
+    _until(sub, lambda: link.heartbeat is not None and link.last_seen == clock.now)
+
+
+def _requests(sub, worker, bound: float = BOUND_S) -> list:
+    """Poll until the worker got at least one replay request; returns them, unanswered."""
+    end = time.monotonic() + bound
+    while time.monotonic() < end:
+        sub.poll(0.02)
+        got = worker.take_requests()
+        if got:
+            return got
+    raise AssertionError(f"no replay request within {bound} s")
+
+
+def test_a_snapshot_keeps_the_workers_predicted_inserts(follow):
+    """A snapshot repairs what the router knows of the worker; the requests routed to it but
+    not yet confirmed are still on their way there and must keep counting."""
+    worker, sub, clock = follow
+    link = sub.link("w")
+    _alive(worker, sub, clock)
+    worker.publish(_stored(1))
+    _until(sub, lambda: _holds(sub, {1}))
+    sub.index.predict("w", [1, 50, 51], now=0.0)      # routed there, its events not in yet
+    worker.publish(_stored(2, parent=1), lost=True)
+    del worker.log[1]                                 # the replay falls short: a snapshot
+    worker.publish(_stored(3, parent=2))
+    _until(sub, lambda: _holds(sub, {1, 2, 3}) and link.asking is None, worker)
+    assert link.expected == 3
+    assert sub.index.overlaps([1, 50, 51], ["w"]) == [(3, 3)]
+
+
+def test_a_vllm_worker_followed_late_is_picked_up_where_its_stream_is(follow):
+    """vLLM sends no heartbeat and answers the snapshot request with its end marker only. A
+    worker followed after its replay buffer moved past seq 0 had nothing applied yet when
+    the snapshot fell through, and forgetting it raised UnknownWorker out of poll()."""
+    worker, sub, _ = follow
+    link = sub.link("w")
+    worker.publish(_stored(1), lost=True)
+    del worker.log[0]                                 # out of vLLM's replay buffer
+    worker.publish(_stored(2, parent=1))
+
+    def vllm_answers():
+        for client, request in worker.take_requests():
+            start = int.from_bytes(request, "big")    # vLLM reads any request as a start sequence
+            for seq in sorted(worker.log):
+                if seq >= start:
+                    worker.replay.send_multipart([client, b"", b"", wire.seq_bytes(seq), worker.log[seq]])
+            worker.replay.send_multipart([client, b"", b"", wire.END_SEQ, b""])
+        return link.expected == 2 and link.asking is None
+
+    _until(sub, vllm_answers)
+    assert sub.index.blocks_of("w") == {2} and not link.pending

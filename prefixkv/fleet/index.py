@@ -108,8 +108,12 @@ class KVIndex:
             if device and h in self._predicted:
                 self._unpredict(h, bit)
 
-    def cleared(self, worker_id: Hashable) -> None:
-        """Drop everything the worker holds, on every tier, and its predictions."""
+    def cleared(self, worker_id: Hashable, *, predictions: bool = True) -> None:
+        """Drop everything the worker holds, on every tier, and its predictions.
+
+        ``predictions=False`` keeps the predicted inserts: what the index knew of the worker is
+        being rebuilt (a snapshot), but the requests routed to it are still on their way.
+        """
         slot = self.slot(worker_id)
         bit = 1 << slot
         for medium, hashes in self._held[slot].items():
@@ -117,6 +121,8 @@ class KVIndex:
             for h in hashes:
                 self._clear_bit(table, h, bit)
         self._held[slot] = {}
+        if not predictions:
+            return
         for (s, h) in [key for key in self._prediction_deadline if key[0] == slot]:
             del self._prediction_deadline[(s, h)]
             self._clear_bit(self._predicted, h, bit)

@@ -203,7 +203,8 @@ class FleetSubscriber:
                 return                    # what came after it arrives live (or a heartbeat asks for it)
             if asked == "snapshot" and link.expected < self._target(link):
                 # No snapshot from this worker (a vLLM publisher): start over from where it is now.
-                self.index.cleared(link.worker_id)
+                # (It may have had nothing applied yet: a vLLM worker sends no heartbeat.)
+                self._forget_blocks(link)
                 link.expected = min(link.pending, default=self._target(link))
                 self._drain(link)
             elif link.expected < self._target(link):
@@ -213,8 +214,8 @@ class FleetSubscriber:
         batch = wire.decode_batch(payload)
         if asked == "snapshot":
             link.asking = "snapshot taken"    # until its end marker: the worker does give snapshots
-            self.index.cleared(link.worker_id)
-            self._apply(link, batch)
+            self._forget_blocks(link)
+            self._apply(link, batch, snapshot=True)
             link.expected = seq
             for old in [s for s in link.pending if s < seq]:
                 del link.pending[old]
@@ -254,7 +255,7 @@ class FleetSubscriber:
             link.repairs.append(self.clock() - link.gap_since)
             link.gap_since = None
 
-    def _apply(self, link: _Link, batch) -> None:
+    def _apply(self, link: _Link, batch, snapshot: bool = False) -> None:
         index, worker = self.index, link.worker_id
         index.add_worker(worker)
         for e in batch.events:
@@ -263,7 +264,13 @@ class FleetSubscriber:
             elif isinstance(e, wire.BlockRemoved):
                 index.removed(worker, e.block_hashes, e.medium)
             else:
-                index.cleared(worker)
+                index.cleared(worker, predictions=not snapshot)
+
+    def _forget_blocks(self, link: _Link) -> None:
+        """Drop what the index believes the worker holds, to rebuild it; the requests routed
+        to it (predicted inserts) are still on their way there and keep counting."""
+        self.index.add_worker(link.worker_id)
+        self.index.cleared(link.worker_id, predictions=False)
 
     def _ask_replay(self, link: _Link) -> None:
         if link.gap_since is None:
