@@ -10,11 +10,15 @@ caller's thread and one for the store's background thread, each built with
 0.2 s connect and socket timeouts by default. Nothing in this module sleeps or
 loops without a bound.
 
-Circuit breaker, one per node: a connection error or timeout marks the node
-``down``. While it is down a call costs one attribute read for it (no clock,
-no socket); the background thread PINGs it every ``probe_interval_s`` and marks
-it up again on the first answer. A server reply that is an error (OOM, MOVED,
-NOSCRIPT) is not a network failure and opens nothing.
+Circuit breaker, one per node: a connection error or timeout, or a reply stream
+that is not RESP (something else listens there), marks the node ``down``. While
+it is down a call costs one attribute read for it (no clock, no socket); the
+background thread PINGs it every ``probe_interval_s`` and marks it up again on
+the first answer, an error reply included (the server answers; ``LOADING`` after
+a restart is the exception: up but not ready). A server reply that is an error
+(OOM, MOVED, NOSCRIPT) is not a network failure and opens nothing. Every trip
+makes both of the node's connections reconnect before their next command: a
+socket opened before the failure may still lead to the dead server.
 
 URLs: ``redis://[user:pass@]host:port[/db]``, ``rediss://...``, ``unix:///path.sock[?db=N]``,
 and ``redis+cluster://[user:pass@]host:port[,host:port...]`` (seed nodes of a
@@ -34,8 +38,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.connection import Connection, UnixDomainSocketConnection, parse_url
 from redis.crc import key_slot
+from redis.exceptions import BusyLoadingError, InvalidResponse, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
@@ -45,7 +49,9 @@ __all__ = ["RemoteTierError", "NodeDown", "Node", "Topology", "NETWORK_ERRORS", 
            "CLUSTER_SCHEME", "HIREDIS"]
 
 CLUSTER_SCHEME = "redis+cluster://"
-NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, socket.timeout, OSError)
+# The connection is unusable: unreachable, timed out, or its peer does not speak RESP (redis-py
+# raises InvalidResponse for a reply stream it cannot parse, and has dropped the socket).
+NETWORK_ERRORS = (RedisConnectionError, RedisTimeoutError, socket.timeout, OSError, InvalidResponse)
 SLOTS = 16384
 HIREDIS = bool(getattr(redis.utils, "HIREDIS_AVAILABLE", False))
 
@@ -75,17 +81,29 @@ class Node:
     ``fg`` serves the caller's thread (the store serialises foreground calls),
     ``bg`` the store's background thread; neither is shared between threads."""
 
-    __slots__ = ("name", "down", "opens", "closes", "fg", "bg", "_kwargs")
+    __slots__ = ("name", "down", "opens", "closes", "epoch", "fg", "bg", "_kwargs", "_epochs")
 
     def __init__(self, name: str, kwargs: dict, timeouts: Timeouts) -> None:
         self.name = name
         self.down = False        # the breaker: True = open (skip this node until the prober sees it answer)
         self.opens = 0
         self.closes = 0
+        self.epoch = 0           # network failures seen; a connection older than the last one reconnects
         self._kwargs = dict(kwargs, socket_timeout=timeouts.socket_s, socket_connect_timeout=timeouts.connect_s,
                             retry=Retry(NoBackoff(), 0))
         self.fg = self._connection()
         self.bg = self._connection()
+        self._epochs = {id(self.fg): 0, id(self.bg): 0}
+
+    def fresh(self, conn: Connection) -> Connection:
+        """``conn``, disconnected first when a network failure was seen since it last checked (by
+        either thread): its socket may lead to a server that died or restarted since. Called by
+        the thread that owns ``conn`` before each use."""
+        epoch = self.epoch
+        if self._epochs[id(conn)] != epoch:
+            conn.disconnect()
+            self._epochs[id(conn)] = epoch
+        return conn
 
     def _connection(self) -> Connection:
         kwargs = dict(self._kwargs)
@@ -95,20 +113,26 @@ class Node:
     def trip(self, conn: Connection) -> None:
         """A network failure: drop the connection (its replies are out of step) and open the breaker."""
         conn.disconnect()
+        self.epoch += 1
         if not self.down:
             self.down = True
             self.opens += 1
 
     def ping(self) -> bool:
-        """Background probe: closes the breaker when the server answers."""
+        """Background probe: closes the breaker when the server answers (an error reply is an
+        answer: a server that refuses PING, e.g. by ACL, is up; LOADING is not ready yet)."""
+        conn = self.fresh(self.bg)
         try:
-            self.bg.send_command("PING", check_health=False)
-            self.bg.read_response()
+            conn.send_command("PING", check_health=False)
+            conn.read_response()
+        except BusyLoadingError:   # a ConnectionError in redis-py: up but still loading its data
+            conn.disconnect()
+            return False
         except NETWORK_ERRORS:
-            self.bg.disconnect()
+            conn.disconnect()
             return False
-        except ResponseError:     # e.g. LOADING after a restart: up but not ready
-            return False
+        except ResponseError:
+            pass
         if self.down:
             self.down = False
             self.closes += 1
@@ -125,6 +149,7 @@ def roundtrip(node: Node, conn: Connection, commands: Sequence[tuple]) -> list:
     Returns one entry per command: the reply, or the ``ResponseError`` the
     server answered. A network failure trips the node's breaker and is raised.
     """
+    node.fresh(conn)
     try:
         conn.send_packed_command(conn.pack_commands(commands), check_health=False)
         return _read(conn, len(commands))
@@ -275,18 +300,23 @@ def send_all(per_node: Iterable[tuple[Node, list[tuple]]], background: bool = Fa
     """
     results: dict[str, list | Exception] = {}
     sent: list[tuple[Node, Connection, int]] = []
-    for node, commands in per_node:
-        if node.down:
-            results[node.name] = NodeDown(node.name)
-            continue
-        conn = node.bg if background else node.fg
-        try:
-            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-        except NETWORK_ERRORS as exc:
-            node.trip(conn)
-            results[node.name] = exc
-            continue
-        sent.append((node, conn, len(commands)))
+    try:
+        for node, commands in per_node:
+            if node.down:
+                results[node.name] = NodeDown(node.name)
+                continue
+            conn = node.fresh(node.bg if background else node.fg)
+            try:
+                conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            except NETWORK_ERRORS as exc:
+                node.trip(conn)
+                results[node.name] = exc
+                continue
+            sent.append((node, conn, len(commands)))
+    except BaseException:
+        for _, conn, _ in sent:      # their replies will never be read: the streams are out of step
+            conn.disconnect()
+        raise
     for node, conn, n in sent:
         try:
             results[node.name] = _read(conn, n)
