@@ -169,3 +169,31 @@ def test_operator_calls_on_a_peer_that_is_not_redis_raise_remote_tier_error():
                 store.clear()
     finally:
         peer.close()
+
+
+def test_clear_leaves_other_applications_keys_alone(server, raw):
+    """``clear()`` SCANned ``pkv:v*``: an application sharing the server with keys such as
+    ``pkv:visits`` lost them. Only keys shaped like block keys are deleted."""
+    raw.set(b"pkv:visits", b"12")
+    raw.set(b"pkv:v2-notes", b"x")
+    blocks = Blocks(FP, 3, seed=15)
+    with RedisBlockStore(server.url, FP) as store:
+        stored(store, blocks)
+        assert store.clear() == 3
+        assert store.probe(blocks.chain) == 0
+        stored(store, blocks)
+        assert store.clear(FP.hex) == 3
+    assert raw.get(b"pkv:visits") == b"12" and raw.get(b"pkv:v2-notes") == b"x"
+
+
+def test_negative_start_is_refused_by_probe_and_fetch(server):
+    """``fetch(chain, -2, 3)`` of a 16-block chain returned blocks 14, 15, 0, 1, 2 (negative
+    indices wrapped to the chain's end) as five consecutive blocks; ``put`` already refused it."""
+    blocks = Blocks(FP, 16, seed=16)
+    with RedisBlockStore(server.url, FP) as store:
+        stored(store, blocks)
+        with pytest.raises(ValueError):
+            store.fetch(blocks.chain, -2, 3)
+        with pytest.raises(ValueError):
+            store.probe(blocks.chain, -1)
+        assert store.fetch(blocks.chain, 0, 3).count == 3 and store.probe(blocks.chain, 0) == 16

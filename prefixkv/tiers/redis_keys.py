@@ -32,6 +32,7 @@ GROUP_MAX_BYTES = 8 * 2**20
 DEFAULT_PREFIX = "pkv"
 _PREFIX = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _TAG_HEX = 16
+_HEX32 = "[0-9a-f]" * 32      # a fingerprint, in a SCAN pattern
 
 
 def group_blocks(value_bytes: int, max_blocks: int = GROUP_MAX_BLOCKS, max_bytes: int = GROUP_MAX_BYTES) -> int:
@@ -89,11 +90,14 @@ class KeySpace:
 
     @staticmethod
     def pattern(prefix: str = DEFAULT_PREFIX, fingerprint_hex: str | None = None) -> bytes:
-        """SCAN pattern for every block under ``prefix`` (all versions), or of one fingerprint."""
+        """SCAN pattern for every block under ``prefix`` (all versions), or of one fingerprint.
+
+        Shaped like a block key (``v<digits>``, a 32-hex-digit fingerprint, a ``{tag}``), so
+        another application's keys under the same prefix (``pkv:visits``) do not match."""
         if not _PREFIX.match(prefix):
             raise ValueError(f"bad key prefix {prefix!r}")
         if fingerprint_hex is None:
-            return f"{prefix}:v*".encode()
+            return f"{prefix}:v[0-9]*:{_HEX32}:{{*}}:*".encode()
         if not re.fullmatch(r"[0-9a-f]{32}", fingerprint_hex):
             raise ValueError(f"a fingerprint is 32 lowercase hex digits, got {fingerprint_hex!r}")
-        return f"{prefix}:v{FORMAT_VERSION}:{fingerprint_hex}:*".encode()
+        return f"{prefix}:v{FORMAT_VERSION}:{fingerprint_hex}:{{*}}:*".encode()

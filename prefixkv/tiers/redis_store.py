@@ -185,6 +185,8 @@ class RedisBlockStore:
     def probe(self, chain: Sequence[bytes], start: int = 0) -> int:
         """Leading blocks of ``chain[start:]`` present on the server (0 when unreachable)."""
         stop = len(chain)
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start}")
         if start >= stop:
             return 0
         if self.topology.all_down():
@@ -275,6 +277,8 @@ class RedisBlockStore:
 
     def fetch(self, chain: Sequence[bytes], start: int, stop: int, contents: Sequence[bytes] | None = None) -> Fetched:
         """Verified payloads of the leading loadable blocks of ``chain[start:stop]`` (see the module docstring)."""
+        if start < 0:
+            raise ValueError(f"start must be >= 0, got {start}")
         stop = min(stop, len(chain))
         out = Fetched([])
         if start >= stop:
