@@ -213,3 +213,24 @@ def test_a_vllm_worker_followed_late_is_picked_up_where_its_stream_is(follow):
 
     _until(sub, vllm_answers)
     assert sub.index.blocks_of("w") == {2} and not link.pending
+
+
+@pytest.mark.parametrize("seq", [0, 7])
+def test_a_garbage_live_frame_is_refused_before_it_changes_anything(follow, seq):
+    """An undecodable batch used to be acted on first: an old sequence number cleared the
+    worker (taken for a restart), a new one raised the live high mark so that the next real
+    batch looked like a restart."""
+    worker, sub, clock = follow
+    link = sub.link("w")
+    _alive(worker, sub, clock)
+    worker.publish(_stored(1))
+    worker.publish(_stored(2, parent=1))
+    _until(sub, lambda: _holds(sub, {1, 2}) and link.expected == 2)
+    worker.events.send_multipart([b"", wire.seq_bytes(seq), b"\x01\x02"])
+    with pytest.raises(wire.WireError, match="not a KVEventBatch"):
+        _until(sub, lambda: False, bound=5.0)
+    assert sub.index.blocks_of("w") == {1, 2} and link.expected == 2 and link.live_high == 1
+    assert link.asking is None and not link.pending
+    worker.publish(_stored(3, parent=2))
+    _until(sub, lambda: _holds(sub, {1, 2, 3}), worker, bound=5.0)
+    assert sub.index.blocks_of("w") == {1, 2, 3}

@@ -186,11 +186,12 @@ class FleetSubscriber:
         if len(frames) != 3:
             return
         seq = wire.seq_from(frames[1])
+        batch = wire.decode_batch(frames[2])   # refused before anything changes
         if link.live_high is not None and seq <= link.live_high:
             self._resync(link)            # one incarnation's live stream only goes up: it restarted
             link.incarnation = None       # whatever the next heartbeat says is the new one
         link.live_high = seq
-        self._offer(link, seq, wire.decode_batch(frames[2]))
+        self._offer(link, seq, batch)
 
     def _on_replay(self, link: _Link, frames: list[bytes]) -> None:
         if len(frames) != 4:
