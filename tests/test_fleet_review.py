@@ -234,3 +234,15 @@ def test_a_garbage_live_frame_is_refused_before_it_changes_anything(follow, seq)
     worker.publish(_stored(3, parent=2))
     _until(sub, lambda: _holds(sub, {1, 2, 3}), worker, bound=5.0)
     assert sub.index.blocks_of("w") == {1, 2, 3}
+
+
+def test_a_heartbeat_from_another_worker_is_refused_by_name_and_changes_nothing(follow):
+    """Endpoints of the wrong worker (a configuration slip): its heartbeats used to keep the
+    connected id alive with another worker's load and sequence numbers."""
+    worker, sub, _ = follow
+    worker.beat(worker_id="w7")
+    with pytest.raises(wire.WireError, match="worker 'w'.*heartbeat.*'w7'"):
+        _until(sub, lambda: False, bound=5.0)
+    link = sub.link("w")
+    assert link.heartbeat is None and link.incarnation is None and link.asking is None
+    assert "w" not in sub.index and sub.live_workers() == []

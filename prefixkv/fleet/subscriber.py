@@ -11,7 +11,8 @@ heartbeats and a DEALER socket on its replay socket, and keeps the stream whole:
 * a new incarnation in a heartbeat, or a live sequence number going back (the worker
   restarted), drops the worker's entries and reads its stream again from the start;
 * a worker silent for ``MISSED_HEARTBEATS`` heartbeat intervals is removed: no router
-  picks it until it beats again.
+  picks it until it beats again;
+* a heartbeat naming another worker than the one connected is refused (``WireError``).
 
 ``FleetRouter`` puts it together: ``poll()`` to take in what arrived, ``pick(tokens)`` to
 route (hashing the prompt as the workers do, with the fleet's pinned seed).
@@ -173,6 +174,9 @@ class FleetSubscriber:
         if len(frames) != 2:
             return
         hb = wire.decode_heartbeat(frames[1])
+        if hb.worker_id != link.worker_id:
+            raise wire.WireError(f"the heartbeat is from worker {hb.worker_id!r}, not from {link.worker_id!r}: "
+                                 "were another worker's endpoints connected under this id?")
         self.index.add_worker(link.worker_id)
         if link.incarnation is not None and hb.incarnation != link.incarnation:
             self._resync(link)            # a restarted worker starts empty
