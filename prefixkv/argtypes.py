@@ -82,6 +82,10 @@ def model_spec(text: str) -> dict:
             out["tensor_parallel"] = int(parts[4])
     except ValueError:
         raise argparse.ArgumentTypeError(f"--model-spec is layers,kv_heads,head_dim[,dtype[,tp]], got {text!r}") from None
+    bad = [name for name in ("layers", "kv_heads", "head_dim", "tensor_parallel") if name in out and out[name] <= 0]
+    if bad:
+        raise argparse.ArgumentTypeError(f"--model-spec: {', '.join(bad)} must be positive, got {text!r}")
     if "dtype" in out and out["dtype"] not in DTYPE_BYTES:
-        raise argparse.ArgumentTypeError(f"unknown dtype {out['dtype']!r}")
+        raise argparse.ArgumentTypeError(f"--model-spec: unknown dtype {out['dtype']!r}; choose from "
+                                         f"{', '.join(sorted(DTYPE_BYTES))}")
     return out

@@ -142,7 +142,10 @@ def _tier_options(args: argparse.Namespace) -> dict:
     spec and cost parameters, as ``bench``), and the load gate when cost parameters are given."""
     from .costs import PreemptionCostModel, load_params
 
-    spec = KVSpec(**{**SEED_MODEL, **(args.model_spec or {})})
+    try:
+        spec = KVSpec(**{**SEED_MODEL, **(args.model_spec or {})})
+    except ValueError as exc:       # a spec of positive fields whose heads do not split over its tp
+        raise ValueError(f"--model-spec: {exc}") from None
     params = load_params(args.cost_params)
     cost = PreemptionCostModel.from_params(params, spec.bytes_per_token)
     out = dict(host_policy=args.host_policy, transfer_cost=cost, gate=args.cost_params is not None)
