@@ -246,3 +246,45 @@ def test_a_heartbeat_from_another_worker_is_refused_by_name_and_changes_nothing(
     link = sub.link("w")
     assert link.heartbeat is None and link.incarnation is None and link.asking is None
     assert "w" not in sub.index and sub.live_workers() == []
+
+
+def test_a_lost_replay_reply_is_asked_for_again(follow):
+    """The worker's ROUTER drops a reply it cannot deliver (or past its high-water mark): the
+    subscriber used to wait for it forever, heartbeats announcing the gap changed nothing."""
+    worker, sub, clock = follow
+    link = sub.link("w")
+    _alive(worker, sub, clock)
+    worker.publish(_stored(1), lost=True)
+    worker.publish(_stored(2, parent=1))
+    assert _requests(sub, worker)                     # asked; the reply never comes
+    clock.now += 5.0                                  # well within the worker's liveness (3 x 10 s)
+    worker.beat()
+    _until(sub, lambda: _holds(sub, {1, 2}) and link.asking is None, worker, bound=5.0)
+    assert link.expected == 2 and not link.pending and "w" in {lk.worker_id for lk in sub.live_workers()}
+
+
+def test_a_lost_snapshot_end_marker_does_not_block_repair_forever(follow):
+    worker, sub, clock = follow
+    link = sub.link("w")
+    _alive(worker, sub, clock)
+    worker.publish(_stored(1), lost=True)
+    del worker.log[0]                                 # the replay falls short: a snapshot is asked
+    worker.publish(_stored(2, parent=1))
+    end = time.monotonic() + BOUND_S
+    snapshot = None
+    while snapshot is None and time.monotonic() < end:
+        sub.poll(0.02)
+        for client, request in worker.take_requests():
+            if request == wire.SNAPSHOT_REQUEST:
+                snapshot = client
+            else:
+                worker.answer(client, request)
+    assert snapshot is not None
+    batch = wire.KVEventBatch(ts=time.time(), events=[wire.AllBlocksCleared(), _stored(1, 2)])
+    worker.replay.send_multipart([snapshot, b"", b"", wire.seq_bytes(2), wire.encode(batch)])   # no end marker
+    _until(sub, lambda: _holds(sub, {1, 2}))
+    worker.publish(_stored(3, parent=2), lost=True)   # announced by the next heartbeat only
+    clock.now += 5.0
+    worker.beat()
+    _until(sub, lambda: _holds(sub, {1, 2, 3}), worker, bound=5.0)
+    assert link.expected == 3

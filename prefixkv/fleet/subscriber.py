@@ -12,6 +12,8 @@ heartbeats and a DEALER socket on its replay socket, and keeps the stream whole:
   restarted), drops the worker's entries and reads its stream again from the start;
 * a worker silent for ``MISSED_HEARTBEATS`` heartbeat intervals is removed: no router
   picks it until it beats again;
+* a request whose reply stops coming (the worker's ROUTER socket drops what it cannot
+  deliver) is asked again after ``REPLY_TIMEOUT_S`` without a reply frame;
 * a heartbeat naming another worker than the one connected is refused (``WireError``).
 
 ``FleetRouter`` puts it together: ``poll()`` to take in what arrived, ``pick(tokens)`` to
@@ -34,6 +36,7 @@ from .router import Decision, RouterConfig, WorkerLoad, make_router
 
 MISSED_HEARTBEATS = 3
 MAX_PENDING = 10_000      # early batches kept while a gap is repaired; beyond: snapshot
+REPLY_TIMEOUT_S = 2.0     # a replay request with no reply frame for this long is asked again
 
 
 @dataclass
@@ -47,6 +50,7 @@ class _Link:
     live_high: int | None = None            # highest sequence seen on the live socket (this incarnation)
     pending: dict = field(default_factory=dict)   # seq -> batch that came early
     asking: str | None = None               # "replay" / "snapshot" / "snapshot taken" while a request is out
+    asked_at: float | None = None           # when the request went out, or its last reply frame came
     incarnation: str | None = None
     heartbeat: wire.Heartbeat | None = None
     last_seen: float | None = None
@@ -115,6 +119,7 @@ class FleetSubscriber:
         old.close(0)
         link.replay = self._replay_socket(link)
         link.asking = None
+        link.asked_at = None
 
     def close(self) -> None:
         for sock in self._by_socket:
@@ -144,7 +149,21 @@ class FleetSubscriber:
                     raise wire.WireError(f"worker {link.worker_id!r}, {kind} socket: {exc}") from None
             ready = dict(self._poller.poll(0))
         self.expire()
+        self._retry_requests()
         return handled
+
+    def _retry_requests(self) -> None:
+        """Ask again where a request's reply stopped coming (lost: ZMQ's ROUTER drops silently)."""
+        now = self.clock()
+        for link in self._links.values():
+            if link.asking is None or link.asked_at is None or now - link.asked_at <= REPLY_TIMEOUT_S:
+                continue
+            asked = link.asking
+            self._drop_request(link)
+            if asked == "snapshot":
+                self._ask(link, "snapshot", wire.SNAPSHOT_REQUEST)
+            elif link.pending or link.expected < self._target(link):
+                self._ask_replay(link)
 
     def live_workers(self) -> list[_Link]:
         now = self.clock()
@@ -204,6 +223,7 @@ class FleetSubscriber:
         asked = link.asking
         if seq_frame == wire.END_SEQ:
             link.asking = None
+            link.asked_at = None
             if asked == "snapshot taken":
                 return                    # what came after it arrives live (or a heartbeat asks for it)
             if asked == "snapshot" and link.expected < self._target(link):
@@ -217,6 +237,7 @@ class FleetSubscriber:
             return
         seq = wire.seq_from(seq_frame)
         batch = wire.decode_batch(payload)
+        link.asked_at = self.clock()          # the reply is coming: no need to ask again yet
         if asked == "snapshot":
             link.asking = "snapshot taken"    # until its end marker: the worker does give snapshots
             self._forget_blocks(link)
@@ -285,6 +306,7 @@ class FleetSubscriber:
     def _ask(self, link: _Link, what: str, request: bytes) -> None:
         self._drop_request(link)
         link.asking = what
+        link.asked_at = self.clock()
         link.replay.send_multipart([b"", request])
 
     def _resync(self, link: _Link) -> None:
