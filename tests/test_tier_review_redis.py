@@ -197,3 +197,28 @@ def test_negative_start_is_refused_by_probe_and_fetch(server):
         with pytest.raises(ValueError):
             store.probe(blocks.chain, -1)
         assert store.fetch(blocks.chain, 0, 3).count == 3 and store.probe(blocks.chain, 0) == 16
+
+
+def test_pending_deletions_are_bounded_and_each_key_is_queued_once(server, raw):
+    """Every refused value queued its key for an UNLINK in a list with no bound and no
+    deduplication: while the writer was busy (a hung node, a long batch), repeated reads of bad
+    values grew it without limit. Now it is a set bounded by ``queue_blocks``; the excess is
+    dropped and counted (the next read refuses the value again and retries)."""
+    from prefixkv.tiers.block_codec import Reject
+
+    chains = [Blocks(FP, 1, seed=100 + i) for i in range(10)]
+    with RedisBlockStore(server.url, FP, RedisStoreConfig(queue_blocks=4)) as store:
+        for b in chains:
+            stored(store, b)
+        for b in chains:
+            raw.setrange(store.keys.key(b.chain, 0), 0, b"XXXX")          # bad magic
+        with store.writer._cv:       # the writer cannot take work while this thread holds its lock
+            for _ in range(3):
+                for b in chains:
+                    assert store.fetch(b.chain, 0, 1).stop is Reject.BAD_MAGIC
+            s = store.stats()
+            assert s.delete_queue == 4 and s.deletes_dropped == 18      # 6 keys over the bound, 3 times
+        assert store.flush()
+        s = store.stats()
+        assert s.rejected == {"bad_magic": 30} and s.bad_keys_deleted == 4 and s.delete_queue == 0
+        assert sum(raw.exists(store.keys.key(b.chain, 0)) for b in chains) == 6

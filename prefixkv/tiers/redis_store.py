@@ -118,6 +118,7 @@ class StoreStats:
     fetch_misses: int = 0             # fetches that stopped at an absent key (evicted since the probe)
     rejected: dict = field(default_factory=dict)   # Reject.value -> count: values refused on read
     bad_keys_deleted: int = 0
+    deletes_dropped: int = 0          # refused values not queued for deletion: too many pending
     read_errors: int = 0              # probe/fetch round trips that failed (network or server error)
     short_circuits: int = 0           # calls answered without the network: breaker open
     puts: int = 0                     # blocks offered to put()
@@ -129,11 +130,13 @@ class StoreStats:
     write_bytes: int = 0
     skipped_present: int = 0          # the server already had them (EXISTS, or a racing SET NX)
     write_errors: int = 0             # server refused (OOM, MOVED, ...) or encoding failed
+    probe_errors: int = 0             # breaker probes / slot-map reloads that failed other than by the network
     breaker_opens: int = 0
     breaker_closes: int = 0
     nodes_down: int = 0
     queue_blocks: int = 0
     queue_bytes: int = 0
+    delete_queue: int = 0             # refused keys waiting for their UNLINK
 
 
 @dataclass(slots=True)
@@ -384,13 +387,14 @@ class RedisBlockStore:
     # -- stats and operators ---------------------------------------------------------
     def stats(self) -> StoreStats:
         nodes = list(self.topology.nodes.values())
-        queue_blocks, queue_bytes = self.writer.queue_state()
+        queue_blocks, queue_bytes, delete_queue = self.writer.queue_state()
         counts = dict(self.writer.counts)
         for name, value in self._count.items():
             counts[name] = counts.get(name, 0) + value
         return StoreStats(**counts, rejected=dict(self._rejected),
                           breaker_opens=sum(n.opens for n in nodes), breaker_closes=sum(n.closes for n in nodes),
-                          nodes_down=sum(n.down for n in nodes), queue_blocks=queue_blocks, queue_bytes=queue_bytes)
+                          nodes_down=sum(n.down for n in nodes), queue_blocks=queue_blocks, queue_bytes=queue_bytes,
+                          delete_queue=delete_queue)
 
     def _operator(self, commands_for) -> dict[str, list]:
         """One round trip per master for an operator call; raises where a node cannot be reached."""

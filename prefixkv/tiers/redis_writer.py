@@ -12,10 +12,14 @@ Contract:
   ``NX`` keeps a value immutable once written, so a racing writer cannot replace
   it and a failed write leaves nothing half-written (one value, one ``SET``).
   Items for a node whose breaker is open are dropped and counted.
-* ``delete(key)`` (a value a reader refused) is sent with the next round (UNLINK).
+* ``delete(key)`` (a value a reader refused) is sent with the next round (UNLINK). Pending
+  deletions are a set bounded by the queue's block bound: a key already pending is not added
+  twice, one over the bound is dropped and counted (a later read refuses the value again).
 * Every ``probe_interval_s`` it PINGs the nodes whose breaker is open and, for a
   cluster, reloads the slot map after a recovery or a MOVED reply, and while a node
-  stays down (a failover hands its slots to a promoted replica).
+  stays down (a failover hands its slots to a promoted replica). A probe that fails for any
+  other reason is counted (``probe_errors``) and retried at the next period: it neither costs
+  the round's writes nor makes the thread probe without pause.
 * ``flush(timeout_s)`` waits until the queue and the deletions are empty and the
   round in flight is done; ``close()`` stops the thread (bounded join).
 
@@ -38,7 +42,7 @@ from .redis_net import Node, Topology, send_all
 __all__ = ["BackgroundWriter", "Pending", "WRITER_COUNTERS"]
 
 WRITER_COUNTERS = ("queued", "dropped_full", "dropped_duplicate", "dropped_down", "writes", "write_bytes",
-                   "skipped_present", "write_errors", "bad_keys_deleted")
+                   "skipped_present", "write_errors", "bad_keys_deleted", "deletes_dropped", "probe_errors")
 
 
 class Pending:
@@ -67,7 +71,7 @@ class BackgroundWriter:
         self._queue: deque[Pending] = deque()
         self._queued_bytes = 0
         self._pending_keys: set[bytes] = set()
-        self._deletes: list[bytes] = []
+        self._deletes: dict[bytes, None] = {}    # an ordered set, at most queue_blocks keys
         self._busy = False
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="prefixkv-redis-writer", daemon=True)
@@ -97,12 +101,18 @@ class BackgroundWriter:
 
     def delete(self, key: bytes) -> None:
         with self._cv:
-            self._deletes.append(key)
+            if self._closing or key in self._deletes:
+                return
+            if len(self._deletes) >= self.queue_blocks:
+                self.counts["deletes_dropped"] += 1
+                return
+            self._deletes[key] = None
             self._cv.notify()
 
-    def queue_state(self) -> tuple[int, int]:
+    def queue_state(self) -> tuple[int, int, int]:
+        """Queued blocks, their bytes, and pending deletions."""
         with self._cv:
-            return len(self._queue), self._queued_bytes
+            return len(self._queue), self._queued_bytes, len(self._deletes)
 
     def flush(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -138,13 +148,16 @@ class BackgroundWriter:
                     self._cv.notify_all()
                     return
                 batch = self._take_batch()
-                deletes, self._deletes = self._deletes, []
+                deletes, self._deletes = list(self._deletes), {}
                 self._busy = bool(batch or deletes)
             try:
                 now = time.monotonic()
                 if now >= next_probe:
-                    self._probe_nodes()
-                    next_probe = now + self.probe_interval_s
+                    next_probe = now + self.probe_interval_s      # first: a failing probe waits its period
+                    try:
+                        self._probe_nodes()
+                    except Exception:
+                        self.counts["probe_errors"] += 1
                 if deletes:
                     self._delete(deletes)
                 if batch:
