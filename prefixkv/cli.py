@@ -35,6 +35,8 @@ def _lengths(text: str) -> list[int]:
 def cmd_plan(args: argparse.Namespace) -> int:
     from .costs import PreemptionCostModel, load_params
 
+    if args.cost_params is not None and not args.host_pool:
+        raise ValueError("--cost-params prices moving blocks to and from the host pool; give --host-pool too")
     spec = KVSpec(args.layers, args.kv_heads, args.head_dim, args.dtype, args.tp)
     result = plan(spec, args.block_size, args.pool, args.prompt_tokens, args.host_pool)
     d = result.as_dict()
@@ -148,16 +150,29 @@ def _tier_options(args: argparse.Namespace) -> dict:
         raise ValueError(f"--model-spec: {exc}") from None
     params = load_params(args.cost_params)
     cost = PreemptionCostModel.from_params(params, spec.bytes_per_token)
-    out = dict(host_policy=args.host_policy, transfer_cost=cost, gate=args.cost_params is not None)
+    out = dict(host_policy=args.host_policy or "lru", transfer_cost=cost, gate=args.cost_params is not None)
     if args.remote_capacity:
         out.update(remote_capacity=args.remote_capacity, remote_bytes_per_s=params.remote_bytes_per_s)
     return out
+
+
+def _check_tier_flags(args: argparse.Namespace, tiered: bool) -> None:
+    """Options of a lower tier mean nothing without one: refused rather than ignored (a wrong
+    --cost-params file would otherwise go unnoticed)."""
+    if tiered:
+        return
+    given = [flag for flag, value in (("--host-policy", args.host_policy), ("--model-spec", args.model_spec),
+                                      ("--cost-params", args.cost_params)) if value is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to a lower tier; "
+                         "give --host-capacity (or --remote-capacity) too")
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from .sim.replay import replay
 
     _check_belady_mode([args.policy], args.mode)
+    _check_tier_flags(args, bool(args.host_capacity or args.remote_capacity))
     source = _trace_sources(args)[0]
     trace = source.load()
     capacity, note = _effective_capacity(trace, args.capacity, args.mode)
@@ -174,7 +189,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if note:
             print(f"prefixkv replay: note: {note}", file=sys.stderr)
         return 0
-    host = (f", host tier {args.host_capacity:,} blocks ({args.host_policy})" if args.host_capacity else "")
+    host = (f", host tier {args.host_capacity:,} blocks ({args.host_policy or 'lru'})" if args.host_capacity else "")
     print(f"{source.label}: {len(trace):,} requests, blocks of {trace.block_size} tokens, "
           f"policy {args.policy}, capacity {capacity:,} blocks{host}, {args.mode} mode")
     if note:
@@ -220,6 +235,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                         if p != "belady" or args.mode == "cache"),
                                        key=lambda p: (p != "lru", p == "belady", p))
     _check_belady_mode(policies, args.mode)
+    _check_tier_flags(args, bool(any(args.host_capacity or [0]) or args.remote_capacity))
     unknown = [p for p in policies if p.partition(":")[0] not in available_policies()]
     if unknown:
         raise ValueError(f"unknown polic{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
@@ -388,7 +404,7 @@ def _add_trace_args(p: argparse.ArgumentParser, many: bool) -> None:
 
 
 def _add_tier_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host-policy", default="lru", help="eviction policy of the host tier (default lru)")
+    p.add_argument("--host-policy", default=None, help="eviction policy of the host tier (default lru)")
     p.add_argument("--remote-capacity", type=non_negative_int, default=0,
                    help="blocks of a shared remote tier (a Redis server) below the host tier, cache mode "
                         "(default 0: none)")

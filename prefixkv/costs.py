@@ -135,6 +135,13 @@ class CostParams:
 _POSITIVE = ("kv_read_bytes_per_s", "link_bytes_per_s", "remote_bytes_per_s")
 
 
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:       # an int past a float's range (a JSON 1 followed by 400 zeros)
+        return False
+
+
 def _field_problem(f, value) -> str | None:
     """What is wrong with ``value`` for the ``CostParams`` field ``f`` (None: nothing)."""
     if f.type in ("bool", bool):
@@ -142,7 +149,7 @@ def _field_problem(f, value) -> str | None:
     if f.type in ("str", str):
         return None if isinstance(value, str) else f"must be a string, got {value!r}"
     if f.type in ("float", float):
-        if isinstance(value, bool) or not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+        if isinstance(value, bool) or not (isinstance(value, (int, float)) and value >= 0 and _finite(value)):
             return f"must be a finite number >= 0, got {value!r}"
         if f.name in _POSITIVE and value <= 0:
             return f"must be > 0, got {value!r}"
@@ -195,8 +202,11 @@ def load_params(spec: str | Path | None = None) -> CostParams:
     if isinstance(spec, str) and spec in PROFILES:
         return PROFILES[spec]
     path = Path(spec)
-    if not path.exists():
+    if str(spec) == "" or not path.exists():
         raise ValueError(f"cost parameters {str(spec)!r}: not a profile ({', '.join(PROFILES)}) nor a file")
+    if path.is_dir():
+        raise ValueError(f"cost parameters {str(spec)!r}: a directory, not a profile ({', '.join(PROFILES)}) "
+                         "nor a file")
     try:
         text = path.read_text(encoding="utf-8")
         if path.suffix == ".toml":
