@@ -288,3 +288,30 @@ def test_a_lost_snapshot_end_marker_does_not_block_repair_forever(follow):
     worker.beat()
     _until(sub, lambda: _holds(sub, {1, 2, 3}), worker, bound=5.0)
     assert link.expected == 3
+
+
+@pytest.mark.parametrize("timeout_s", [-1.0, float("nan")])
+def test_a_negative_or_nan_poll_timeout_is_refused_instead_of_waiting_forever(follow, timeout_s):
+    """poll(-1) became ZMQ's poll(-1000): wait with no end for a message."""
+    import threading
+
+    worker, sub, _ = follow
+    outcome = []
+
+    def call():
+        try:
+            sub.poll(timeout_s)
+            outcome.append("returned")
+        except ValueError as exc:
+            outcome.append(str(exc))
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(2.0)
+    stuck = caller.is_alive()
+    end = time.monotonic() + BOUND_S
+    while caller.is_alive() and time.monotonic() < end:   # unblock it, so the fixture can close
+        worker.beat()
+        caller.join(0.05)
+    assert not stuck, "poll() with a negative timeout never returned"
+    assert outcome and "timeout_s" in outcome[0]

@@ -129,6 +129,8 @@ class FleetSubscriber:
     # -- the loop -------------------------------------------------------------------
     def poll(self, timeout_s: float = 0.0) -> int:
         """Handle what arrived (waiting up to ``timeout_s`` for the first message); returns messages handled."""
+        if not timeout_s >= 0:     # ZMQ reads a negative timeout as "wait forever"
+            raise ValueError(f"timeout_s must be >= 0 seconds, got {timeout_s!r}")
         handled = 0
         ready = dict(self._poller.poll(int(timeout_s * 1000)))
         while ready:
