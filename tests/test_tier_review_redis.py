@@ -222,3 +222,17 @@ def test_pending_deletions_are_bounded_and_each_key_is_queued_once(server, raw):
         s = store.stats()
         assert s.rejected == {"bad_magic": 30} and s.bad_keys_deleted == 4 and s.delete_queue == 0
         assert sum(raw.exists(store.keys.key(b.chain, 0)) for b in chains) == 6
+
+
+def test_a_store_dropped_without_close_stops_its_thread(server):
+    """The writer thread (probing every 2 s, holding sockets) referenced nothing of the store, so a
+    store garbage-collected without close() left it running for the life of the process."""
+    store = RedisBlockStore(server.url, FP)
+    thread = store.writer._thread
+    assert thread.is_alive()
+    ref = weakref.ref(store)
+    del store
+    gc.collect()
+    assert ref() is None
+    thread.join(timeout=BOUND_S)
+    assert not thread.is_alive()

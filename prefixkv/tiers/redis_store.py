@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -183,6 +184,9 @@ class RedisBlockStore:
                                        batch_bytes=config.batch_bytes, queue_blocks=config.queue_blocks,
                                        queue_bytes=config.queue_bytes, probe_interval_s=config.probe_interval_s,
                                        join_timeout_s=max(1.0, 8 * config.socket_timeout_s))
+        # A store garbage-collected without close() stops its thread and drops its sockets all the
+        # same (the thread holds the writer and the topology, never the store).
+        self._shutdown = weakref.finalize(self, _shutdown, self.writer, self.topology)
 
     # -- reads -----------------------------------------------------------------
     def probe(self, chain: Sequence[bytes], start: int = 0) -> int:
@@ -463,14 +467,18 @@ class RedisBlockStore:
     def close(self, flush_timeout_s: float = 5.0) -> None:
         """Send what is queued (up to ``flush_timeout_s``), stop the background thread, disconnect."""
         self.writer.flush(flush_timeout_s)
-        self.writer.close()
-        self.topology.close()
+        self._shutdown()
 
     def __enter__(self) -> "RedisBlockStore":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _shutdown(writer: BackgroundWriter, topology: Topology) -> None:
+    writer.close()
+    topology.close()
 
 
 def _offsets(sizes: list[int]) -> list[int]:
