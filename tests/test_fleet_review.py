@@ -71,9 +71,9 @@ class Scripted:
             sock.setsockopt(zmq.RCVTIMEO, int(BOUND_S * 1000))
             assert sock.recv()[0] == 1
 
-    def beat(self, worker_id: str | None = None) -> None:
+    def beat(self, worker_id: str | None = None, hash_seed: int | None = 0) -> None:
         hb = wire.Heartbeat(worker_id=worker_id or self.worker_id, incarnation=self.incarnation, fingerprint="",
-                            block_size=4, hash_seed=0, free_blocks=100, queued_prefill_tokens=0,
+                            block_size=4, hash_seed=hash_seed, free_blocks=100, queued_prefill_tokens=0,
                             running_requests=0, next_seq=self.next_seq, interval_s=INTERVAL, ts=time.time())
         self.beats.send_multipart([wire.HEARTBEAT_TOPIC, wire.encode(hb)])
 
@@ -315,3 +315,33 @@ def test_a_negative_or_nan_poll_timeout_is_refused_instead_of_waiting_forever(fo
         caller.join(0.05)
     assert not stuck, "poll() with a negative timeout never returned"
     assert outcome and "timeout_s" in outcome[0]
+
+
+def test_a_worker_hashing_with_another_seed_is_not_routed_to():
+    """The fleet pins one hash seed: a worker with another one (or none: a random seed per
+    process) can never match the router's hashes, yet was picked like any other."""
+    from prefixkv.fleet.router import NoWorkerAvailable
+    from prefixkv.fleet.subscriber import FleetRouter
+
+    odd, good = Scripted("odd"), Scripted("good")
+    router = FleetRouter("kv-aware+guard", block_size=4, hash_seed=0)
+    try:
+        router.connect("odd", odd.endpoints)
+        odd.wait_subscribed()
+        odd.beat(hash_seed=1)
+        link = router.subscriber.link("odd")
+        _until(router.subscriber, lambda: link.heartbeat is not None)
+        with pytest.raises(NoWorkerAvailable, match="hash seed 0.*'', 4, 1"):
+            router.pick(list(range(9)))
+        router.connect("good", good.endpoints)
+        good.wait_subscribed()
+        good.beat(hash_seed=0)
+        _until(router.subscriber, lambda: router.subscriber.link("good").heartbeat is not None)
+        assert {router.pick(list(range(9))).worker_id for _ in range(10)} == {"good"}
+        odd.beat(hash_seed=None)
+        _until(router.subscriber, lambda: link.heartbeat.hash_seed is None)
+        assert {router.pick(list(range(9))).worker_id for _ in range(10)} == {"good"}
+    finally:
+        router.close()
+        odd.close()
+        good.close()

@@ -21,7 +21,8 @@ full-block hashes (hashed with the fleet's one pinned seed, as the workers hash)
 
 Misses (no worker holds the first block) go to the least loaded worker. Ties are broken
 at random (a seeded ``random.Random``), so no replica is picked again and again by id order.
-Workers whose fingerprint or block size differs from the router's are refused.
+Workers whose fingerprint, block size or hash seed differs from the router's are refused
+(a worker hashing with another seed can never match the router's block hashes).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class WorkerLoad:
     active_blocks: int = 0       # device blocks held by its running requests (capacity - free)
     fingerprint: str = ""
     block_size: int = 0          # 0: not checked
+    hash_seed: int | None = None     # checked when the router's config pins one
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,7 @@ class RouterConfig:
     decode_share: float = 0.5        # one running request weighs this share of the routed prompt's blocks
     guard_slack: float = 4.0         # guard: load allowed above the minimum, in requests like the routed one
     seed: int = 0
+    hash_seed: int | None = None     # the fleet's pinned hash seed; None: workers' seeds not checked
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -99,8 +102,14 @@ class Router(ABC):
 
     def candidates(self, workers: Sequence[WorkerLoad]) -> list[WorkerLoad]:
         cfg = self.config
-        ok = [w for w in workers if w.fingerprint == cfg.fingerprint and w.block_size in (0, cfg.block_size)]
+        ok = [w for w in workers if w.fingerprint == cfg.fingerprint and w.block_size in (0, cfg.block_size)
+              and (cfg.hash_seed is None or w.hash_seed == cfg.hash_seed)]
         if not ok:
+            if workers and cfg.hash_seed is not None:
+                seen = sorted({(w.fingerprint, w.block_size, w.hash_seed) for w in workers}, key=repr)
+                raise NoWorkerAvailable(f"no worker matches fingerprint {cfg.fingerprint!r}, block size "
+                                        f"{cfg.block_size} and hash seed {cfg.hash_seed}; workers have "
+                                        f"(fingerprint, block size, hash seed) {seen}")
             if workers:
                 seen = sorted({(w.fingerprint, w.block_size) for w in workers})
                 raise NoWorkerAvailable(f"no worker matches fingerprint {cfg.fingerprint!r} and block size "

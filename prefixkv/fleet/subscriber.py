@@ -336,7 +336,7 @@ class FleetRouter:
         # nobody could close if the constructor raised after making it.
         self.index = KVIndex(predict_ttl=predict_ttl_s)
         self.router = make_router(router, self.index, RouterConfig(block_size=block_size, fingerprint=fingerprint,
-                                                                   **router_options))
+                                                                   hash_seed=hash_seed, **router_options))
         self.hasher = BlockHasher(block_size, seed=hash_seed, algorithm=hash_algorithm)
         self.subscriber = FleetSubscriber(self.index)
         self.on_decision = on_decision
@@ -360,7 +360,7 @@ class FleetRouter:
             since = self._dispatched.get(link.worker_id)
             extra = since[1] if since and since[0] == (hb.incarnation, hb.ts) else 0
             out.append(WorkerLoad(link.worker_id, hb.queued_prefill_tokens + extra, hb.running_requests,
-                                  0, hb.fingerprint, hb.block_size))
+                                  0, hb.fingerprint, hb.block_size, hb.hash_seed))
         return out
 
     def pick(self, tokens: Sequence[int] | None = None, *, hashes: Sequence[Hashable] | None = None,
