@@ -345,3 +345,29 @@ def test_a_worker_hashing_with_another_seed_is_not_routed_to():
         router.close()
         odd.close()
         good.close()
+
+
+def test_poll_returns_while_a_worker_keeps_talking(follow):
+    """poll() drained until every socket was empty at once: a worker that never stops talking
+    (here: one more heartbeat each time the subscriber reads its clock) held the caller in
+    poll() for as long as it talked, with no pick() and no expiry of the others."""
+    worker, sub, clock = follow
+    link = sub.link("w")
+    beats = [0]
+
+    def talking_clock():
+        if beats[0] < 5000:                  # a bound for the test itself
+            beats[0] += 1
+            worker.beat()
+        return 1000.0
+
+    sub.clock = talking_clock
+    handled = []
+    end = time.monotonic() + BOUND_S
+    while link.heartbeat is None and time.monotonic() < end:
+        handled.append(sub.poll(0.05, max_messages=20))
+    assert link.heartbeat is not None
+    assert max(handled) <= 20
+    assert sub.poll(0.05, max_messages=20) <= 20
+    with pytest.raises(ValueError, match="max_messages"):
+        sub.poll(0, max_messages=0)

@@ -37,6 +37,7 @@ from .router import Decision, RouterConfig, WorkerLoad, make_router
 MISSED_HEARTBEATS = 3
 MAX_PENDING = 10_000      # early batches kept while a gap is repaired; beyond: snapshot
 REPLY_TIMEOUT_S = 2.0     # a replay request with no reply frame for this long is asked again
+MAX_MESSAGES = 10_000     # messages one poll() handles at most: it returns even while workers keep talking
 
 
 @dataclass
@@ -127,14 +128,19 @@ class FleetSubscriber:
         self._ctx.term()
 
     # -- the loop -------------------------------------------------------------------
-    def poll(self, timeout_s: float = 0.0) -> int:
-        """Handle what arrived (waiting up to ``timeout_s`` for the first message); returns messages handled."""
+    def poll(self, timeout_s: float = 0.0, max_messages: int = MAX_MESSAGES) -> int:
+        """Handle what arrived (waiting up to ``timeout_s`` for the first message), at most
+        ``max_messages`` of it (the rest waits for the next call); returns messages handled."""
         if not timeout_s >= 0:     # ZMQ reads a negative timeout as "wait forever"
             raise ValueError(f"timeout_s must be >= 0 seconds, got {timeout_s!r}")
+        if not max_messages >= 1:
+            raise ValueError(f"max_messages must be >= 1, got {max_messages!r}")
         handled = 0
         ready = dict(self._poller.poll(int(timeout_s * 1000)))
         while ready:
             for sock in ready:
+                if handled >= max_messages:
+                    break
                 if sock not in self._by_socket:
                     continue              # a replay socket dropped this round: its replies are stale
                 link, kind = self._by_socket[sock]
@@ -149,7 +155,7 @@ class FleetSubscriber:
                         self._on_replay(link, frames)
                 except wire.WireError as exc:
                     raise wire.WireError(f"worker {link.worker_id!r}, {kind} socket: {exc}") from None
-            ready = dict(self._poller.poll(0))
+            ready = dict(self._poller.poll(0)) if handled < max_messages else {}
         self.expire()
         self._retry_requests()
         return handled
@@ -345,8 +351,8 @@ class FleetRouter:
     def connect(self, worker_id: str, endpoints: dict[str, str]) -> None:
         self.subscriber.connect(worker_id, endpoints)
 
-    def poll(self, timeout_s: float = 0.0) -> int:
-        return self.subscriber.poll(timeout_s)
+    def poll(self, timeout_s: float = 0.0, max_messages: int = MAX_MESSAGES) -> int:
+        return self.subscriber.poll(timeout_s, max_messages)
 
     def hashes(self, tokens: Sequence[int], *, salt=None, adapter=None) -> list[Hashable]:
         extra = NO_EXTRA_KEYS if salt is None and adapter is None else ExtraKeys(salt=salt, adapter=adapter)
