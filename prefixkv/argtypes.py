@@ -43,6 +43,27 @@ def positive_float(text: str) -> float:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def seed(text: str) -> int:
+    """A random seed torch, numpy and the engine all take: an integer in [0, 2**63)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"expected an integer seed from 0 to 2**63 - 1, got {text!r}")
+    return value
+
+
 def fraction(text: str) -> float:
     """A fraction in [0, 1)."""
     try:

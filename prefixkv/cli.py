@@ -9,7 +9,8 @@ import re
 import sys
 
 from . import __version__
-from .argtypes import fraction, model_spec, non_negative_int, positive_int, positive_size, size
+from .argtypes import (fraction, model_spec, non_negative_float, non_negative_int, positive_int, positive_size, seed,
+                       size)
 from .errors import PrefixKVError
 from .sizing import KVSpec, format_size, parse_size, plan
 
@@ -78,8 +79,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
+    from .hostmem import MANAGER_BYTES_PER_BLOCK, require
     from .sim.lab import run_lab
 
+    # The lab holds every token of --lengths (as Python ints and hashed arrays, ~64 B each), a
+    # manager of their blocks, and small pools of slots whose checks take ~512 B per token of a block.
+    tokens, blocks = sum(args.lengths), sum(-(-n // args.block_size) for n in args.lengths)
+    require(64 * tokens + MANAGER_BYTES_PER_BLOCK * blocks + 512 * args.block_size,
+            f"the lab at --block-size {args.block_size:,} with --lengths of {tokens:,} tokens")
     table, checks = run_lab(args.block_size, args.lengths)
     print(f"block_size={args.block_size} lengths={','.join(map(str, args.lengths))}")
     print(" ".join(f"{k}={v}" for k, v in table.items()))
@@ -97,6 +104,8 @@ def _trace_sources(args: argparse.Namespace):
     from .sim.workloads import builtin_trace
 
     traces = [args.trace] if isinstance(args.trace, str) else list(args.trace or [])
+    if "" in traces:
+        raise ValueError("--trace: an empty path (a trace file or a kv-cache-tester folder is expected)")
     if traces and args.workload is not None:
         raise ValueError("--workload names the built-in trace used when no --trace is given; give one or the other")
     if not traces:
@@ -242,7 +251,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          f"available: {', '.join(available_policies())}")
     for spec in policies:  # bad options stop here, before any worker starts
         make_policy(spec)
-    plot_path = plot_file(args.plot) if args.plot else None    # before any cell runs
+    plot_path = plot_file(args.plot) if args.plot is not None else None    # before any cell runs
     sources = _trace_sources(args)
     capacities, notes = {}, []
     for s in sources:
@@ -259,12 +268,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         require_blocks_for_host(max(host_caps))
     console = make_console(stderr=True)
     total = sum(len(policies) * len(capacities[s.label]) for s in sources) * len(host_caps)
+    workers = min(args.workers, total) if args.workers else None      # more processes than cells cannot help
     interrupted = None
     with Progress(console=console, transient=True, disable=args.json or not console.is_terminal) as bar:
         task = bar.add_task("replaying", total=total)
         try:
             results = sweep(sources, policies, capacities, mode=args.mode, warmup=args.warmup,
-                            workers=args.workers, backend=args.backend, host_capacities=host_caps,
+                            workers=workers, backend=args.backend, host_capacities=host_caps,
                             **tiers, on_done=lambda _: bar.advance(task))
         except SweepInterrupted as exc:
             results, interrupted = exc.finished, exc
@@ -418,7 +428,7 @@ def _add_tier_args(p: argparse.ArgumentParser) -> None:
 
 def _host_capacity_list(text: str) -> list[int]:
     parts = [part.strip() for part in text.split(",")]
-    if not all(part.isdigit() for part in parts):
+    if not all(part.isascii() and part.isdigit() for part in parts):
         raise argparse.ArgumentTypeError(f"expected comma-separated block counts, got {text!r}")
     return sorted({int(part) for part in parts})
 
@@ -434,7 +444,7 @@ def _capacity_list(text: str):
     if text == "auto":
         return "auto"
     parts = [part.strip() for part in text.split(",")]
-    if not all(part.isdigit() and int(part) > 0 for part in parts):
+    if not all(part.isascii() and part.isdigit() and int(part) > 0 for part in parts):
         raise argparse.ArgumentTypeError(
             f"expected 'auto' or comma-separated positive block counts, got {text!r}")
     return sorted({int(part) for part in parts})
@@ -552,8 +562,8 @@ def add_generate_command(subparsers) -> None:
     p.add_argument("--hidden-size", type=positive_int, default=256)
     p.add_argument("--heads", type=positive_int, default=8)
     p.add_argument("--kv-heads", type=positive_int, default=2)
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    p.add_argument("--seed", type=int, default=0, help="weights and sampling seed")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0, help="0: greedy (default)")
+    p.add_argument("--seed", type=seed, default=0, help="weights and sampling seed")
     p.add_argument("--repeat", type=positive_int, default=3, help="runs per setting, alternating; the fastest "
                                                                "is reported (default 3)")
     p.add_argument("--threads", type=positive_int, default=1,

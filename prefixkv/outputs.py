@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -43,6 +45,8 @@ def _check_writable_dir(directory: Path, option: str) -> None:
 def plot_file(path: str | os.PathLike, option: str = "--plot") -> Path:
     """The image file ``--plot PATH`` will write (``.png`` added when PATH has no image suffix),
     after checking matplotlib and that the file can be written there."""
+    if not os.fspath(path):
+        raise OutputError(f"{option} needs a file name, got ''")
     target = Path(path)
     if target.is_dir():
         raise OutputError(f"{option} {str(path)!r} is a directory; give a file name, e.g. {str(target / 'plot.png')!r}")
@@ -76,15 +80,39 @@ def data_file(path: str | os.PathLike, *, force: bool, option: str = "--out") ->
     return target
 
 
+def _create_beside(target: Path) -> tuple[str, int]:
+    """An empty new file beside ``target``, and the mode the finished file gets: the target's own
+    when it exists, else what a plain ``open(target, "w")`` gives (0666 less the umask; mkstemp's
+    0600 renamed into place left plots and traces unreadable to anyone else)."""
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        mode = None
+    suffix = target.suffix or ".tmp"
+    for _ in range(100):
+        tmp = os.path.join(target.parent, f".{target.name}.{secrets.token_hex(6)}{suffix}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        try:
+            if mode is None:     # the kernel applied the umask: read it back rather than set it to read it
+                mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+        return tmp, mode
+    raise FileExistsError(f"no free temporary name beside {target}")
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """A temporary path beside ``target``, renamed onto it when the block succeeds and removed
     when it fails or is interrupted."""
     target = Path(target)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=target.suffix or ".tmp")
-    os.close(fd)
+    tmp, mode = _create_beside(target)
     try:
         yield Path(tmp)
+        os.chmod(tmp, mode)      # also when the writer put its own file at ``tmp``
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -14,15 +14,36 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 
 _FINGERPRINT = re.compile(r"^[0-9a-f]{32}$")
+# Longer than any server answers a ping; past ~1e9 s the socket and thread waits overflow.
+MAX_TIMEOUT_S = 3600.0
 
 
 def _fingerprint_hex(text: str) -> str:
     text = text.strip().lower()
     if not _FINGERPRINT.match(text):
         raise argparse.ArgumentTypeError(f"a fingerprint is 32 hex digits, got {text!r}")
+    return text
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT_S):
+        raise argparse.ArgumentTypeError(f"expected seconds above 0 and at most {MAX_TIMEOUT_S:g}, got {text!r}")
+    return value
+
+
+def _key_prefix(text: str) -> str:
+    from .redis_keys import _PREFIX     # the store's own rule (the prefix goes into SCAN patterns)
+
+    if not _PREFIX.match(text):
+        raise argparse.ArgumentTypeError(f"a key prefix is 1-64 of A-Z a-z 0-9 _ . -, got {text!r}")
     return text
 
 
@@ -35,14 +56,14 @@ def add_tier_command(subparsers) -> None:
     s = sub.add_parser("stats", help="memory, limit, eviction policy, evictions, keys, hits per node")
     s.add_argument("url")
     s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.add_argument("--timeout", type=float, default=1.0, help="connect and socket timeout in seconds (default 1)")
+    s.add_argument("--timeout", type=_timeout, default=1.0, help="connect and socket timeout in seconds (default 1)")
     s.set_defaults(func=cmd_tier_stats)
     c = sub.add_parser("clear", help="delete prefixkv blocks (all, or one fingerprint's)")
     c.add_argument("url")
     c.add_argument("--fingerprint", type=_fingerprint_hex, default=None,
                    help="only this fingerprint's blocks (32 hex digits); default: every prefixkv block")
-    c.add_argument("--prefix", default=None, help="key prefix (default pkv)")
-    c.add_argument("--timeout", type=float, default=1.0, help="connect and socket timeout in seconds (default 1)")
+    c.add_argument("--prefix", type=_key_prefix, default=None, help="key prefix (default pkv)")
+    c.add_argument("--timeout", type=_timeout, default=1.0, help="connect and socket timeout in seconds (default 1)")
     c.set_defaults(func=cmd_tier_clear)
 
 
@@ -51,12 +72,17 @@ def _operator_store(url: str, timeout: float, prefix: str | None = None):
     scans by prefix and, when given, by the fingerprint's hex), so a placeholder one is used."""
     from .fingerprint import Fingerprint
     from .redis_keys import DEFAULT_PREFIX
-    from .redis_store import RedisBlockStore, RedisStoreConfig
 
-    if not timeout > 0:
-        raise ValueError(f"--timeout must be positive, got {timeout}")
+    try:
+        from .redis_store import RedisBlockStore, RedisStoreConfig
+    except ImportError as exc:
+        if (exc.name or "").partition(".")[0] != "redis":
+            raise
+        raise ValueError("prefixkv tier needs redis-py, which is not installed: pip install 'prefixkv[redis]'") from None
+    if not 0 < timeout <= MAX_TIMEOUT_S:
+        raise ValueError(f"--timeout must be above 0 and at most {MAX_TIMEOUT_S:g} seconds, got {timeout}")
     placeholder = Fingerprint(b"prefixkv-operator", "float16", 1, 1, 1, 1, hash_seed=0)
-    config = RedisStoreConfig(prefix=prefix or DEFAULT_PREFIX, connect_timeout_s=timeout, socket_timeout_s=timeout)
+    config = RedisStoreConfig(prefix=DEFAULT_PREFIX if prefix is None else prefix, connect_timeout_s=timeout, socket_timeout_s=timeout)
     return RedisBlockStore(url, placeholder, config)
 
 
