@@ -236,3 +236,29 @@ def test_a_store_dropped_without_close_stops_its_thread(server):
     assert ref() is None
     thread.join(timeout=BOUND_S)
     assert not thread.is_alive()
+
+
+def test_why_a_node_is_down_is_reported(own_redis_server):  # noqa: F811
+    """A server that refuses the store's (missing) password answered every command with NOAUTH,
+    which redis-py raises as a ConnectionError: the node read as down, exactly like a dead one,
+    with nothing saying why. stats().node_errors now names the reason per down node, and clears
+    it when the node is back."""
+    server = own_redis_server
+    assert server.command("CONFIG", "SET", "requirepass", "s3cret").startswith(b"+OK")
+    blocks = Blocks(FP, 2, seed=17)
+    name = f"127.0.0.1:{server.port}"
+    with RedisBlockStore(server.url, FP, FAST) as store:
+        assert store.probe(blocks.chain) == 0
+        s = store.stats()
+        assert s.nodes_down == 1 and "Authentication" in s.node_errors[name]
+    url = f"redis://:s3cret@127.0.0.1:{server.port}/0"
+    with RedisBlockStore(url, FP, FAST) as store:
+        stored(store, blocks)
+        server.pause()
+        try:
+            assert store.probe(blocks.chain) == 0
+        finally:
+            server.resume()
+        assert "Timeout" in store.stats().node_errors[name]
+        wait_until(lambda: store.stats().nodes_down == 0, "the breaker closes")
+        assert store.stats().node_errors == {} and store.probe(blocks.chain) == 2

@@ -38,7 +38,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.connection import Connection, UnixDomainSocketConnection, parse_url
 from redis.crc import key_slot
-from redis.exceptions import BusyLoadingError, InvalidResponse, ResponseError
+from redis.exceptions import InvalidResponse, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -81,7 +81,7 @@ class Node:
     ``fg`` serves the caller's thread (the store serialises foreground calls),
     ``bg`` the store's background thread; neither is shared between threads."""
 
-    __slots__ = ("name", "down", "opens", "closes", "epoch", "fg", "bg", "_kwargs", "_epochs")
+    __slots__ = ("name", "down", "opens", "closes", "epoch", "error", "fg", "bg", "_kwargs", "_epochs")
 
     def __init__(self, name: str, kwargs: dict, timeouts: Timeouts) -> None:
         self.name = name
@@ -89,6 +89,7 @@ class Node:
         self.opens = 0
         self.closes = 0
         self.epoch = 0           # network failures seen; a connection older than the last one reconnects
+        self.error: str | None = None   # while down: why (the last failure), e.g. a refused password
         self._kwargs = dict(kwargs, socket_timeout=timeouts.socket_s, socket_connect_timeout=timeouts.connect_s,
                             retry=Retry(NoBackoff(), 0))
         self.fg = self._connection()
@@ -110,10 +111,11 @@ class Node:
         cls = kwargs.pop("connection_class", Connection)
         return cls(**kwargs)
 
-    def trip(self, conn: Connection) -> None:
+    def trip(self, conn: Connection, exc: BaseException | None = None) -> None:
         """A network failure: drop the connection (its replies are out of step) and open the breaker."""
         conn.disconnect()
         self.epoch += 1
+        self.error = _describe(exc)
         if not self.down:
             self.down = True
             self.opens += 1
@@ -125,16 +127,15 @@ class Node:
         try:
             conn.send_command("PING", check_health=False)
             conn.read_response()
-        except BusyLoadingError:   # a ConnectionError in redis-py: up but still loading its data
+        except NETWORK_ERRORS as exc:    # BusyLoadingError (LOADING) among them: up, not ready
             conn.disconnect()
-            return False
-        except NETWORK_ERRORS:
-            conn.disconnect()
+            self.error = _describe(exc)
             return False
         except ResponseError:
             pass
         if self.down:
             self.down = False
+            self.error = None
             self.closes += 1
         return True
 
@@ -153,12 +154,19 @@ def roundtrip(node: Node, conn: Connection, commands: Sequence[tuple]) -> list:
     try:
         conn.send_packed_command(conn.pack_commands(commands), check_health=False)
         return _read(conn, len(commands))
-    except NETWORK_ERRORS:
-        node.trip(conn)
+    except NETWORK_ERRORS as exc:
+        node.trip(conn, exc)
         raise
     except BaseException:
         conn.disconnect()        # e.g. KeyboardInterrupt mid-read: the stream is out of step
         raise
+
+
+def _describe(exc: BaseException | None) -> str:
+    """Why a node is down, for stats: a refused password reads otherwise than a refused connection."""
+    if exc is None:
+        return "unknown"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _read(conn: Connection, n: int) -> list:
@@ -309,7 +317,7 @@ def send_all(per_node: Iterable[tuple[Node, list[tuple]]], background: bool = Fa
             try:
                 conn.send_packed_command(conn.pack_commands(commands), check_health=False)
             except NETWORK_ERRORS as exc:
-                node.trip(conn)
+                node.trip(conn, exc)
                 results[node.name] = exc
                 continue
             sent.append((node, conn, len(commands)))
@@ -321,7 +329,7 @@ def send_all(per_node: Iterable[tuple[Node, list[tuple]]], background: bool = Fa
         try:
             results[node.name] = _read(conn, n)
         except NETWORK_ERRORS as exc:
-            node.trip(conn)
+            node.trip(conn, exc)
             results[node.name] = exc
         except BaseException:
             for other, other_conn, _ in sent:

@@ -135,6 +135,7 @@ class StoreStats:
     breaker_opens: int = 0
     breaker_closes: int = 0
     nodes_down: int = 0
+    node_errors: dict = field(default_factory=dict)   # node -> why it is down (a timeout, a refused password)
     queue_blocks: int = 0
     queue_bytes: int = 0
     delete_queue: int = 0             # refused keys waiting for their UNLINK
@@ -397,7 +398,8 @@ class RedisBlockStore:
             counts[name] = counts.get(name, 0) + value
         return StoreStats(**counts, rejected=dict(self._rejected),
                           breaker_opens=sum(n.opens for n in nodes), breaker_closes=sum(n.closes for n in nodes),
-                          nodes_down=sum(n.down for n in nodes), queue_blocks=queue_blocks, queue_bytes=queue_bytes,
+                          nodes_down=sum(n.down for n in nodes),
+                          node_errors={n.name: n.error or "unknown" for n in nodes if n.down}, queue_blocks=queue_blocks, queue_bytes=queue_bytes,
                           delete_queue=delete_queue)
 
     def _operator(self, commands_for) -> dict[str, list]:
