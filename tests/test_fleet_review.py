@@ -371,3 +371,43 @@ def test_poll_returns_while_a_worker_keeps_talking(follow):
     assert sub.poll(0.05, max_messages=20) <= 20
     with pytest.raises(ValueError, match="max_messages"):
         sub.poll(0, max_messages=0)
+
+
+def test_the_worker_tool_answers_a_bad_command_with_an_error_and_keeps_serving():
+    """A line that is not JSON, a command without its fields or an unknown op used to kill the
+    worker with a traceback (an unknown op was even answered "ok")."""
+    import json
+    import queue
+    import subprocess
+    import sys
+    import threading
+
+    proc = subprocess.Popen([sys.executable, "-m", "prefixkv.fleet.worker", "--worker-id", "w0",
+                             "--heartbeat-interval", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True)
+    reader.start()
+
+    def ask(line: str) -> dict:
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+        return json.loads(lines.get(timeout=BOUND_S))
+
+    try:
+        hello = json.loads(lines.get(timeout=60))
+        assert hello["worker_id"] == "w0"
+        assert "not JSON" in ask("{nope")["error"]
+        assert "'id'" in ask(json.dumps({"op": "admit", "tokens": [1, 2, 3, 4, 5]}))["error"]
+        assert "'bogus'" in ask(json.dumps({"op": "bogus"}))["error"]
+        assert ask(json.dumps({"op": "admit", "id": "a", "tokens": list(range(9))})) == {"ok": "admit"}
+        assert "error" in ask(json.dumps({"op": "admit", "id": "a", "tokens": list(range(9))}))
+        assert ask(json.dumps({"op": "free", "id": "a"})) == {"ok": "free"}
+        proc.stdin.close()
+        assert proc.wait(BOUND_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(BOUND_S)
+        proc.stdout.close()
+        proc.stderr.close()

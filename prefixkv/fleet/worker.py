@@ -6,7 +6,8 @@ Prints one JSON line with its endpoints and incarnation, then reads JSON command
 stdin, one per line, answering each with a JSON line once its events are handed to the
 publisher: ``{"op": "admit", "id": "r1", "tokens": [...]}``, ``{"op": "free", "id": "r1"}``,
 ``{"op": "reset"}``, ``{"op": "drop_next"}`` (the next batch is lost on the wire: fault
-injection). End of input stops it.
+injection). A bad command is answered ``{"error": "..."}`` and the worker goes on. End of
+input stops it.
 """
 
 from __future__ import annotations
@@ -39,28 +40,56 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"worker_id": args.worker_id, "incarnation": pub.incarnation, "endpoints": pub.endpoints}),
           flush=True)
     drop = False
-    for line in sys.stdin:
-        cmd = json.loads(line)
-        op = cmd["op"]
-        prompts = []
-        if op == "admit":
-            prompt = mgr.prompt(cmd["tokens"])
-            mgr.admit(cmd["id"], prompt)
-            prompts.append(prompt)
-        elif op == "free":
-            mgr.free(cmd["id"])
-        elif op == "reset":
-            mgr.reset_prefix_cache(preempt_running=True)
-        elif op == "drop_next":
-            drop = True
-        if op != "drop_next":
-            pub.publish_from(mgr, prompts=prompts, drop=drop)
-            drop = False
-        pub.set_load(free_blocks=mgr.num_free_blocks, running_requests=len(mgr))
-        print(json.dumps({"ok": op}), flush=True)
-    pub.close()
+    try:
+        for line in sys.stdin:
+            try:
+                op, cmd = _command(line)
+                prompts = []
+                if op == "admit":
+                    prompt = mgr.prompt(cmd["tokens"])
+                    mgr.admit(cmd["id"], prompt)
+                    prompts.append(prompt)
+                elif op == "free":
+                    mgr.free(cmd["id"])
+                elif op == "reset":
+                    mgr.reset_prefix_cache(preempt_running=True)
+                elif op == "drop_next":
+                    drop = True
+                if op != "drop_next":
+                    pub.publish_from(mgr, prompts=prompts, drop=drop)
+                    drop = False
+            except Exception as exc:   # a bad command is answered, and the worker goes on
+                print(json.dumps({"error": _describe(exc)}), flush=True)
+                continue
+            pub.set_load(free_blocks=mgr.num_free_blocks, running_requests=len(mgr))
+            print(json.dumps({"ok": op}), flush=True)
+    finally:
+        pub.close()
     return 0
 
+
+OPS = ("admit", "free", "reset", "drop_next")
+FIELDS = {"admit": ("id", "tokens"), "free": ("id",), "reset": (), "drop_next": ()}
+
+
+def _command(line: str) -> tuple[str, dict]:
+    try:
+        cmd = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"command is not JSON ({exc}): {line.strip()[:80]!r}") from None
+    if not isinstance(cmd, dict):
+        raise ValueError(f"a command is a JSON object, got {type(cmd).__name__}")
+    op = cmd.get("op")
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; ops: {', '.join(OPS)}")
+    missing = [name for name in FIELDS[op] if name not in cmd]
+    if missing:
+        raise ValueError(f"op {op!r} needs {', '.join(map(repr, missing))}")
+    return op, cmd
+
+
+def _describe(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
 
 if __name__ == "__main__":
     sys.exit(main())
