@@ -411,3 +411,14 @@ def test_the_worker_tool_answers_a_bad_command_with_an_error_and_keeps_serving()
             proc.wait(BOUND_S)
         proc.stdout.close()
         proc.stderr.close()
+
+
+def test_a_trace_out_of_arrival_order_is_refused_by_the_simulator():
+    """Arrivals went back in simulated time (before prefills already finished): the run ended
+    with figures for a timeline that never was. Loaders refuse such files; a Trace built in
+    code is now refused the same way."""
+    base = builtin_trace("default")
+    shuffled = [base.requests[1], base.requests[0], *base.requests[2:20]]
+    assert shuffled[0].timestamp > shuffled[1].timestamp
+    with pytest.raises(ValueError, match=r"request 1: timestamp .* earlier than"):
+        simulate(Trace(shuffled, base.block_size), FleetConfig(replicas=2, capacity=200))

@@ -150,6 +150,12 @@ def simulate(trace, config: FleetConfig) -> FleetResult:
 
 class _Simulation:
     def __init__(self, trace, config: FleetConfig) -> None:
+        last = -math.inf
+        for i, request in enumerate(trace.requests):
+            if request.timestamp < last:
+                raise ValueError(f"request {i}: timestamp {request.timestamp} is earlier than the previous "
+                                 f"request's {last}: the simulator takes requests in arrival order")
+            last = request.timestamp
         self.trace = trace
         self.cfg = config
         size = trace.block_size
