@@ -17,7 +17,7 @@ from .sizing import KVSpec, format_size, parse_size, plan
 DESCRIPTION = ("prefixkv: a prefix-caching, paged KV-cache store. Size a pool (plan), check the block "
                "arithmetic (lab), replay request traces under eviction policies (replay, compare, workload), "
                "generate with a paged cache (generate), benchmark block sizes (bench) and simulate a routed fleet "
-               "of replicas (fleet).")
+               "of replicas (fleet), and inspect or clear a remote tier's Redis store (tier).")
 
 # The design notes' teaching model: a Llama-3-8B-like KV layout.
 SEED_MODEL = dict(layers=32, kv_heads=8, head_dim=128, dtype="bfloat16")
@@ -108,6 +108,8 @@ def _trace_sources(args: argparse.Namespace):
         raise ValueError("--trace: an empty path (a trace file or a kv-cache-tester folder is expected)")
     if traces and args.workload is not None:
         raise ValueError("--workload names the built-in trace used when no --trace is given; give one or the other")
+    if not traces and args.format != "auto":
+        raise ValueError(f"--format {args.format} says how to read --trace; give --trace too")
     if not traces:
         workload = args.workload or "default"
         trace = builtin_trace(workload)
@@ -290,10 +292,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
             _print_compare_tables(sources, policies, capacities, results, summary, args.mode, interrupted,
                                   host_capacity)
         for note in notes:
-            make_console().print(f"note: {note}")
+            make_console().print(f"note: {note}", markup=False)     # trace names and paths are text
         where = _where_generated(sources)
         if where:
-            make_console().print(where)
+            make_console().print(where, markup=False)
     if interrupted:
         raise KeyboardInterrupt          # no plot from a partial sweep; main says "interrupted"
     if plot_path:
@@ -310,6 +312,7 @@ def _print_compare_tables(sources, policies, capacities, results, summary, mode,
                           host_capacity: int | None = None) -> None:
     """One table per trace; ``host_capacity`` picks the rows of one host tier size (None: every row,
     when no host tier was asked for)."""
+    from rich.markup import escape
     from rich.table import Table
 
     from .console import make_console
@@ -324,7 +327,7 @@ def _print_compare_tables(sources, policies, capacities, results, summary, mode,
         incomplete = (f" [INCOMPLETE: interrupted after {len(interrupted.finished)} of {interrupted.total} "
                       "cells]") if interrupted else ""
         host = f", host tier {host_capacity:,} blocks (all tiers)" if host_capacity else ""
-        table = Table(title=f"{source.label}: block hit rate (%) by capacity in blocks of "
+        table = Table(title=f"{escape(source.label)}: block hit rate (%) by capacity in blocks of "
                             f"{rows[0]['block_size']} tokens{host}, {mode} mode{incomplete}")
         table.add_column("policy")
         for c in caps:
@@ -340,12 +343,12 @@ def _print_compare_tables(sources, policies, capacities, results, summary, mode,
                     continue
                 text = f"{100 * rate[(p, c)]:.2f}"
                 cells.append(f"[bold]{text}[/bold]" if p != "belady" and rate[(p, c)] == best[c] else text)
-            table.add_row("MIN (belady)" if p == "belady" else p, *cells)
+            table.add_row("MIN (belady)" if p == "belady" else escape(p), *cells)
         gaps = {row["capacity"]: row for row in summary
                 if row["trace"] == source.label and (host_capacity is None or row.get("host_capacity", 0) == host_capacity)}
         if online and not interrupted and all("gap_closed" in gaps[c] for c in caps):
             table.add_section()
-            table.add_row("best online", *[gaps[c]["best_policy"] for c in caps])
+            table.add_row("best online", *[escape(gaps[c]["best_policy"]) for c in caps])
             table.add_row("LRU->MIN gap closed",
                           *["-" if gaps[c]["gap_closed"] is None else f"{100 * gaps[c]['gap_closed']:.0f}%"
                             for c in caps])
@@ -362,6 +365,8 @@ def _print_compare_tables(sources, policies, capacities, results, summary, mode,
 def _add_predictor_rows(table, rows, policies, caps) -> None:
     """For policies that forecast sessions (``predict``): how good the forecasts were, so a gain
     in hit rate can be traced to better prediction (return AUC; mean |log| error of the gap)."""
+    from rich.markup import escape
+
     by_cell = {(r["policy"], r["capacity"]): r for r in rows}
     forecasters = [p for p in policies if any(by_cell.get((p, c), {}).get("return_auc") is not None
                                               or by_cell.get((p, c), {}).get("arrival_log_error") is not None
@@ -375,8 +380,8 @@ def _add_predictor_rows(table, rows, policies, caps) -> None:
         return "-" if value is None else f"{value:.3f}"
 
     for p in forecasters:
-        table.add_row(f"{p}: return AUC", *[cell(p, c, "return_auc") for c in caps])
-        table.add_row(f"{p}: arrival log error", *[cell(p, c, "arrival_log_error") for c in caps])
+        table.add_row(f"{escape(p)}: return AUC", *[cell(p, c, "return_auc") for c in caps])
+        table.add_row(f"{escape(p)}: arrival log error", *[cell(p, c, "arrival_log_error") for c in caps])
 
 
 def cmd_workload(args: argparse.Namespace) -> int:
@@ -419,8 +424,8 @@ def _add_tier_args(p: argparse.ArgumentParser) -> None:
                    help="blocks of a shared remote tier (a Redis server) below the host tier, cache mode "
                         "(default 0: none)")
     p.add_argument("--model-spec", type=model_spec, default=None,
-                   help="layers,kv_heads,head_dim[,dtype] pricing a block's transfer (default: the design "
-                        "notes' 32,8,128,bfloat16)")
+                   help="layers,kv_heads,head_dim[,dtype[,tp]] pricing a block's transfer (default: the "
+                        "design notes' 32,8,128,bfloat16)")
     p.add_argument("--cost-params", default=None,
                    help="link and prefill figures (h200, cpu-tiny or a file): gives transfer_s, and applies "
                         "the load gate (a host hit is taken only when moving it beats recomputing it)")

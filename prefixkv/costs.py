@@ -207,9 +207,10 @@ def load_params(spec: str | Path | None = None) -> CostParams:
     if path.is_dir():
         raise ValueError(f"cost parameters {str(spec)!r}: a directory, not a profile ({', '.join(PROFILES)}) "
                          "nor a file")
+    toml = path.suffix.lower() == ".toml"
     try:
         text = path.read_text(encoding="utf-8")
-        if path.suffix == ".toml":
+        if toml:
             import tomllib
             data = tomllib.loads(text)
         else:
@@ -217,15 +218,14 @@ def load_params(spec: str | Path | None = None) -> CostParams:
     except UnicodeDecodeError:
         raise ValueError(f"cost parameters {path}: not a text file") from None
     except ValueError as exc:   # json.JSONDecodeError and tomllib.TOMLDecodeError are ValueErrors
-        kind = "TOML" if path.suffix == ".toml" else "JSON"
+        kind = "TOML" if toml else "JSON"
         raise ValueError(f"cost parameters {path}: not valid {kind} ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected an object of cost parameters")
     base = data.pop("base", "h200")
     if not isinstance(base, str) or base not in PROFILES:
-        raise ValueError(f"{path}:{_line_of(text, 'base', path.suffix == '.toml')}: unknown base profile "
+        raise ValueError(f"{path}:{_line_of(text, 'base', toml)}: unknown base profile "
                          f"{base!r}; choose from {', '.join(PROFILES)}")
-    toml = path.suffix == ".toml"
     known = {f.name: f for f in fields(CostParams)}
     unknown = sorted(set(data) - set(known))
     if unknown:

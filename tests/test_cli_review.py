@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import stat
 import sys
 
@@ -254,3 +255,50 @@ def test_tier_stats_and_clear_still_work_with_their_checked_options(capsys, redi
     assert doc["url"] == redis_server.url and len(doc["nodes"]) == 1
     out = ok(capsys, "tier", "clear", redis_server.url, "--prefix", "review-x", "--timeout", "2")
     assert "deleted 0 block(s) of every fingerprint" in out
+
+
+# -- names printed through rich are text, not markup ------------------------------------------
+
+def test_compare_prints_a_trace_name_with_brackets_as_it_is(capsys, tmp_path):
+    # rich read "[red]" as a style: the table said "ab.jsonl"
+    trace = _mooncake(tmp_path / "a[red]b.jsonl", [[1, 2], [1, 2], [3]])
+    out = ok(capsys, "compare", "--trace", trace, "--capacities", 3, "--policies", "lru,session", "--workers", 1)
+    assert "a[red]b.jsonl:" in out and "session: return AUC" in out
+
+
+def test_compare_survives_a_path_that_reads_as_a_closing_tag(capsys, tmp_path):
+    # two traces of one name are labelled by path: "[/x]" in it raised rich's MarkupError after the sweep
+    (tmp_path / "d[" / "x]").mkdir(parents=True)
+    (tmp_path / "e").mkdir()
+    a = _mooncake(tmp_path / "d[" / "x]" / "t.jsonl", [[1, 2], [1, 2], [3]])
+    b = _mooncake(tmp_path / "e" / "t.jsonl", [[1, 2], [3], [3]])
+    out = ok(capsys, "compare", "--trace", a, "--trace", b, "--capacities", 3, "--policies", "lru", "--workers", 1)
+    assert "[/x]" in out.replace("\n", "")
+
+
+# -- flags that only mean something with another one ------------------------------------------
+
+def test_format_without_a_trace_is_refused(capsys):
+    # the built-in workload was replayed and --format ignored
+    err = fails(capsys, "replay", "--capacity", 10, "--format", "mooncake")
+    assert "--format" in err and "--trace" in err
+
+
+def test_a_toml_cost_file_is_read_whatever_the_case_of_its_suffix(capsys, tmp_path):
+    path = tmp_path / "link.TOML"
+    path.write_text('base = "cpu-tiny"\nlink_bytes_per_s = 1e9\n')
+    doc = json.loads(ok(capsys, "plan", "--host-pool", "1GiB", "--cost-params", path, "--json"))
+    assert doc["block_transfer_s"] == pytest.approx(2 * 2**20 / 1e9)
+
+
+# -- help -------------------------------------------------------------------------------------
+
+def test_help_names_every_command_and_the_model_spec_tp(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    description = " ".join(capsys.readouterr().out.split("positional arguments")[0].split("}", 1)[1].split())
+    for command in ("plan", "lab", "replay", "compare", "workload", "generate", "bench", "fleet", "tier"):
+        assert re.search(rf"\([^)]*\b{command}\b[^)]*\)", description), command
+    with pytest.raises(SystemExit):
+        main(["replay", "--help"])
+    assert "head_dim[,dtype[,tp]]" in " ".join(capsys.readouterr().out.split())
