@@ -307,7 +307,7 @@ def test_a_negative_or_nan_poll_timeout_is_refused_instead_of_waiting_forever(fo
 
     caller = threading.Thread(target=call, daemon=True)
     caller.start()
-    caller.join(2.0)
+    caller.join(BOUND_S)
     stuck = caller.is_alive()
     end = time.monotonic() + BOUND_S
     while caller.is_alive() and time.monotonic() < end:   # unblock it, so the fixture can close
