@@ -122,6 +122,8 @@ def _tagged(tag: int, payload: bytes) -> bytes:
 
 # A multimodal item's offset in a block is hashed as "<q".
 _MAX_POSITION = 2**63 - 1
+# The block size is hashed into the chain's root as "<I".
+_MAX_BLOCK_SIZE = 2**32 - 1
 
 
 def _check_key(argument: str, value: object) -> None:
@@ -249,6 +251,10 @@ class BlockHasher:
         block_size = int(block_size)
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
+        if block_size > _MAX_BLOCK_SIZE:
+            # the root hashes it as a little-endian uint32 ("<I"): past that, struct.error
+            raise InvalidArgument("block_size", f"must be below 2**32 (the chain's root hashes it as a "
+                                                f"uint32), got {block_size}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise InvalidArgument("seed", f"the hash seed must be an int or None, got {type(seed).__name__} {seed!r}")
         if algorithm not in HASH_ALGORITHMS:
