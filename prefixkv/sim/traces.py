@@ -33,7 +33,11 @@ nested ``t`` counts from the sub-agent's start, as the tester replays it),
 with ``session`` ``"<conversation>/<agent_id>"`` and ``parent`` the
 conversation's session label. Each request keeps ``stop`` (why it ended:
 ``tool_use``, ``end_turn``, ``""``), ``api_time``, ``think_time`` and its
-``turn`` (index among its session's requests).
+``turn`` (index among its session's requests); these are optional (null reads
+as absent), but a wrong type or a negative time is refused. Every session label
+must be unique: two files with one ``id``, two sub-agents of a conversation with
+one ``agent_id``, or one file given twice are refused, since their requests would
+merge into one session.
 
 Hash ids are local to a file (``"hash_id_scope": "local"``, the default): file
 number ``k`` (in load order) maps id ``h`` to ``k * 2**40 + h``, so two files'
@@ -432,6 +436,12 @@ def _expand_paths(paths) -> list[Path]:
             files.append(p)
     if not files:
         raise ValueError("no trace files given")
+    seen: dict[Path, Path] = {}
+    for p in files:
+        first = seen.setdefault(p.resolve(), p)
+        if first is not p:
+            raise ValueError(f"{p}: the same trace file is given twice ({first}): its conversation "
+                             "would be replayed twice, as two users")
     return files
 
 
@@ -451,6 +461,7 @@ def load_kvcache_tester(paths: str | os.PathLike | Iterable[str | os.PathLike], 
     origin = "the caller asked for it"
     first_local: list[TraceRequest] = []
     any_global = False
+    owners: dict[str, Path] = {}     # session label -> the file it comes from
     for index, path in enumerate(files):
         text = _read_text(path)
         try:
@@ -458,7 +469,7 @@ def load_kvcache_tester(paths: str | os.PathLike | Iterable[str | os.PathLike], 
         except json.JSONDecodeError as exc:
             raise _json_error(path, exc) from None
         try:
-            size, reqs, scope = _conversation(doc, index, index * stagger, path.stem)
+            size, reqs, scope, labels = _conversation(doc, index, index * stagger, path.stem)
         except _Problem as problem:
             line, col = _position(text, problem.jpath)
             where = _jpath_text(problem.jpath)
@@ -469,6 +480,13 @@ def load_kvcache_tester(paths: str | os.PathLike | Iterable[str | os.PathLike], 
         elif size != file_block_size:
             raise TraceFormatError(path, _position(text, ("block_size",))[0],
                                    f"block_size {size} differs from {file_block_size} ({origin})")
+        for label, jpath in labels.items():
+            # Two files with one conversation id: their requests would form one session.
+            if label in owners:
+                raise TraceFormatError(path, _position(text, jpath or ("id",))[0],
+                                       f"session {label!r} is also a session of {owners[label]}: two "
+                                       "conversations would merge into one (conversation ids must differ)")
+            owners[label] = path
         requests.extend(reqs)
         if index == 0 and scope == "local":
             first_local = reqs
@@ -493,7 +511,7 @@ def _timestamp_key(r: TraceRequest) -> float:
     return r.timestamp
 
 
-def _conversation(doc, index: int, offset: float, stem: str) -> tuple[int, list[TraceRequest], str]:
+def _conversation(doc, index: int, offset: float, stem: str) -> tuple[int, list[TraceRequest], str, dict]:
     if type(doc) is not dict:
         raise _Problem((), f"expected a JSON object (one conversation), got {_type_name(doc)}")
     if "requests" not in doc:
@@ -510,12 +528,13 @@ def _conversation(doc, index: int, offset: float, stem: str) -> tuple[int, list[
     session = doc.get("id")
     session = session if isinstance(session, str) else stem
     out: list[TraceRequest] = []
-    _walk(doc["requests"], ("requests",), size, base, offset, session, None, out)
-    return size, out, scope
+    labels = {session: ()}                # session label -> JSON path of the entry that opened it
+    _walk(doc["requests"], ("requests",), size, base, offset, session, None, out, labels)
+    return size, out, scope, labels
 
 
 def _walk(reqs, jpath: tuple, size: int, base: int, offset: float, session: str, parent: str | None,
-          out: list[TraceRequest]) -> None:
+          out: list[TraceRequest], labels: dict) -> None:
     if type(reqs) is not list:
         raise _Problem(jpath, f"'requests' must be an array, got {_type_name(reqs)}")
     last_t = -math.inf
@@ -539,7 +558,12 @@ def _walk(reqs, jpath: tuple, size: int, base: int, offset: float, session: str,
         if "requests" in r:                                  # a sub-agent: flatten its requests
             agent = r.get("agent_id")
             label = f"{session}/{agent if isinstance(agent, str) else i}"
-            _walk(r["requests"], here + ("requests",), size, base, offset + t, label, session, out)
+            if label in labels:
+                raise _Problem(here, f"sub-agent session {label!r} is already the session of "
+                                     f"{_jpath_text(labels[label]) or 'the conversation'}: two sessions "
+                                     "would merge into one (agent ids must differ within a conversation)")
+            labels[label] = here
+            _walk(r["requests"], here + ("requests",), size, base, offset + t, label, session, out, labels)
             continue
         for key in ("in", "out", "hash_ids"):
             if key not in r:
@@ -559,14 +583,21 @@ def _walk(reqs, jpath: tuple, size: int, base: int, offset: float, session: str,
                 problem = f"field 'hash_ids': {problem}"
         if problem is not None:
             raise _Problem(here, problem)
-        kind = r.get("type")
-        stop = r.get("stop")
+        # Optional metadata (null reads as absent): a wrong type or a negative time is refused, as
+        # in a token trace, rather than silently read as unknown.
+        kind, stop = r.get("type"), r.get("stop")
+        for key, value in (("type", kind), ("stop", stop)):
+            if value is not None and type(value) is not str:
+                raise _Problem(here, f"field {key!r} is {_type_name(value)} {_short(value)}, expected a string")
         api_time, think_time = r.get("api_time"), r.get("think_time")
+        for key, value in (("api_time", api_time), ("think_time", think_time)):
+            if value is not None and (not _is_number(value) or value < 0):
+                raise _Problem(here, f"field {key!r} is {_type_name(value)} {_short(value)}, expected a number "
+                                     "of seconds >= 0")
         out.append(TraceRequest(offset + t, n, m, [base + h for h in ids] if base else ids,
-                                session=session, kind=kind if isinstance(kind, str) else None, parent=parent,
-                                stop=stop if isinstance(stop, str) else None,
-                                api_time=float(api_time) if _is_number(api_time) else None,
-                                think_time=float(think_time) if _is_number(think_time) else None,
+                                session=session, kind=kind, parent=parent, stop=stop,
+                                api_time=None if api_time is None else float(api_time),
+                                think_time=None if think_time is None else float(think_time),
                                 turn=turn))
         turn += 1
 

@@ -1,0 +1,69 @@
+"""Defects found in review of the trace loaders, the workload generator and the sweep, one test each."""
+
+import json
+
+import pytest
+
+from prefixkv.sim.traces import TraceFormatError, load_kvcache_tester, load_trace
+
+
+def _conversation(path, requests, **doc):
+    doc = {"id": path.stem, "block_size": 64, "hash_id_scope": "local", **doc, "requests": requests}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _request(t, **fields):
+    return {"t": t, "type": "n", "in": 64, "out": 1, "hash_ids": [1], **fields}
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"api_time": "7.3"}, "'api_time'"),        # was dropped: api_time None
+    ({"api_time": -1.0}, "'api_time'"),         # was kept as -1.0 s
+    ({"think_time": "x"}, "'think_time'"),
+    ({"think_time": -2}, "'think_time'"),
+    ({"stop": 5}, "'stop'"),                    # was dropped: stop None
+    ({"type": 3}, "'type'"),                    # was dropped: kind None
+])
+def test_kvcache_tester_metadata_of_the_wrong_type_is_refused_not_dropped(tmp_path, fields, words):
+    # The token-trace loader refuses these; the kv-cache-tester loader kept a negative time and
+    # silently turned a wrong type into "unknown", so a replay's hints lost the request's stop reason.
+    path = _conversation(tmp_path / "c.json", [_request(0.0), _request(1.0, **fields)])
+    with pytest.raises(TraceFormatError) as info:
+        load_trace(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:1: requests[1]: ") and words in message, message
+
+
+def test_kvcache_tester_null_metadata_reads_as_absent(tmp_path):
+    path = _conversation(tmp_path / "c.json", [_request(0.0, api_time=None, think_time=None, stop=None, type=None)])
+    r = load_trace(path).requests[0]
+    assert (r.api_time, r.think_time, r.stop, r.kind) == (None, None, None, None)
+
+
+def test_two_conversations_with_one_id_are_refused_not_merged_into_one_session(tmp_path):
+    # Both files' requests became session "c", turn 0 twice: a replay's hints took two
+    # concurrent conversations for one.
+    a = _conversation(tmp_path / "a.json", [_request(0.0)], id="c")
+    b = _conversation(tmp_path / "b.json", [_request(0.0)], id="c")
+    with pytest.raises(TraceFormatError) as info:
+        load_kvcache_tester([a, b])
+    assert str(info.value).startswith(f"{b}:1: ") and "'c'" in str(info.value) and str(a) in str(info.value)
+
+
+def test_the_same_conversation_file_twice_is_refused(tmp_path):
+    a = _conversation(tmp_path / "a.json", [_request(0.0)])
+    with pytest.raises(ValueError, match="twice"):
+        load_kvcache_tester([a, tmp_path / "." / "a.json"])
+
+
+def test_two_subagents_with_one_agent_id_are_refused_not_merged(tmp_path):
+    # Both sub-agents' requests became session "c/x", each starting again at turn 0.
+    path = _conversation(tmp_path / "c.json", [
+        _request(0.0),
+        {"t": 1.0, "type": "subagent", "agent_id": "x", "requests": [_request(0.0)]},
+        {"t": 2.0, "type": "subagent", "agent_id": "x", "requests": [_request(0.0)]}], id="c")
+    with pytest.raises(TraceFormatError) as info:
+        load_trace(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:1: requests[2]") and "'c/x'" in message, message
