@@ -67,3 +67,37 @@ def test_two_subagents_with_one_agent_id_are_refused_not_merged(tmp_path):
         load_trace(path)
     message = str(info.value)
     assert message.startswith(f"{path}:1: requests[2]") and "'c/x'" in message, message
+
+
+# -- the sweep ------------------------------------------------------------------------------------
+
+def _tiny_mooncake(path, n=6):
+    with open(path, "w") as f:
+        for i in range(n):
+            ids = [i % 2, 10 + i]
+            f.write(json.dumps({"timestamp": i, "input_length": 1024, "output_length": 1, "hash_ids": ids}) + "\n")
+    return path
+
+
+def test_an_explicit_worker_count_is_capped_at_the_number_of_cells(tmp_path, monkeypatch):
+    # --workers 8 for 2 cells started a pool of 8 processes (each forked with the parent's memory);
+    # only the default was capped.
+    import multiprocessing
+
+    from prefixkv.sim import sweep as sweep_mod
+
+    real = multiprocessing.get_context()
+    sizes = []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def Pool(self, processes, *args, **kwargs):
+            sizes.append(processes)
+            return real.Pool(processes, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_mod.multiprocessing, "get_context", lambda *a: Spy())
+    source = sweep_mod.TraceSource("m", (str(_tiny_mooncake(tmp_path / "m.jsonl")),), "mooncake")
+    results = sweep_mod.sweep([source], ["lru"], {"m": [3, 5]}, workers=8)
+    assert len(results) == 2 and sizes == [2]

@@ -274,8 +274,12 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
     # Biggest caches first: they take longest, and the pool drains evenly.
     jobs = sorted(((i, cell, options) for i, cell in enumerate(cells)),
                   key=lambda j: -(j[1].capacity + j[1].host_capacity))
-    if backend == "process":
-        workers = workers or min(len(jobs), os.cpu_count() or 1)
+    # An explicit count is capped too: a pool larger than the sweep forks idle copies of this process
+    # (a local Ray starts a worker per CPU it is given).
+    if workers is not None:
+        workers = max(1, min(workers, len(jobs)))
+    elif backend == "process":
+        workers = max(1, min(os.cpu_count() or 1, len(jobs)))
     done: dict[int, dict] = {}     # cell index -> result
 
     def finish(index: int, result: dict) -> None:
