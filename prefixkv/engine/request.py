@@ -12,6 +12,8 @@ The last sampled token of a finished request is never stored in the cache.
 from __future__ import annotations
 
 import enum
+import math
+import numbers
 import operator
 from dataclasses import dataclass, field
 from typing import Hashable
@@ -45,8 +47,11 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, numbers.Real):
+            raise TypeError(f"temperature must be a number, got {type(t).__name__} {t!r}")
+        if not (math.isfinite(t) and t >= 0):     # inf would sample uniformly, whatever the logits
+            raise ValueError(f"temperature must be a finite number >= 0, got {t}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__} {self.seed!r}")
 

@@ -29,5 +29,12 @@ def sample(logits: torch.Tensor, params: SamplingParams, output_index: int) -> i
     if params.greedy:
         return int(torch.argmax(logits))
     gen = torch.Generator(device="cpu").manual_seed(_seed(0 if params.seed is None else params.seed, output_index))
-    probs = torch.softmax(logits.detach().to("cpu", torch.float64) / params.temperature, dim=-1)
+    logits = logits.detach().to("cpu", torch.float64)
+    scaled = logits / params.temperature
+    finite = torch.isfinite(logits)
+    if not torch.isfinite(scaled[finite]).all():
+        # A tiny temperature overflows logits / t to +-inf, and softmax to NaN: shift by the max
+        # first (every scaled logit <= 0, the max exactly 0), the limit the draw tends to.
+        scaled = (logits - logits[finite].max()) / params.temperature
+    probs = torch.softmax(scaled, dim=-1)
     return int(torch.multinomial(probs, 1, generator=gen))
