@@ -38,9 +38,12 @@ it.
 Supported: decoder-only models whose attention modules call the registered
 attention function with ``(module, query, key, value, attention_mask, scaling=...)``
 and carry ``layer_idx`` (Llama, Mistral, Qwen2, GPT-2, OPT and the many models
-built the same way). A sliding window is accepted only while no sequence
-outgrows it (then it masks nothing); softcapping, attention sinks and the like
-are refused.
+built the same way). A sliding window, or Llama 4's attention chunk, is accepted only while no
+sequence outgrows it (then it masks nothing); softcapping, attention sinks and
+the like are refused, and so are layers that are not attention (convolutions,
+state-space mixers: ``layer_types``). The LM head's logits get the model's own
+post-processing (Cohere's ``logit_scale``, Granite's ``logits_scaling``,
+Gemma's final softcapping), so sampled tokens follow the model's distribution.
 
 Refused: models whose attention modules compute attention inline and never call
 the registered attention function (transformers marks them
@@ -180,6 +183,57 @@ class HFEngineConfig:
                 f"kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, dtype={self.dtype})")
 
 
+def _base_model(model: torch.nn.Module):
+    """The decoder stack under a ``*ForCausalLM`` (hidden states out, no LM head), or None.
+
+    ``get_decoder()`` falls back to the model itself when ``base_model_prefix`` names no attribute
+    (``Llama4ForCausalLM``: prefix ``language_model``, stack in ``model``); calling that whole model
+    returned logits, not hidden states, and the first engine step died on an AttributeError."""
+    candidates = []
+    if hasattr(model, "get_decoder"):
+        candidates.append(model.get_decoder())
+    candidates += [getattr(model, getattr(model, "base_model_prefix", "") or "model", None),
+                   getattr(model, "model", None), getattr(model, "transformer", None)]
+    for base in candidates:
+        if isinstance(base, torch.nn.Module) and base is not model:
+            return base
+    return None
+
+
+# Architectures whose ``*ForCausalLM`` scales the LM head's logits by ``config.logits_scaling``
+# (transformers 5.24): Granite and its variants divide by it, HyperCLOVA X multiplies.
+_LOGITS_SCALING = {"granite": "divide", "granite_swa": "divide", "granitemoe": "divide",
+                   "granitemoe_swa": "divide", "granitemoehybrid": "divide", "granitemoeshared": "divide",
+                   "hyperclovax": "multiply"}
+
+
+def _logits_scale(hf_config) -> float | None:
+    """The factor the model's own forward multiplies the LM head's logits by (None: 1)."""
+    scale = getattr(hf_config, "logit_scale", None)          # Cohere: logits * logit_scale
+    scaling = getattr(hf_config, "logits_scaling", None)
+    if scaling is not None and float(scaling) != 1.0:
+        model_type = getattr(hf_config, "model_type", None)
+        how = _LOGITS_SCALING.get(model_type)
+        if how is None:
+            raise ValueError(f"{model_type or type(hf_config).__name__} has logits_scaling={scaling}, and "
+                             f"HFEngineModel does not know whether its forward multiplies or divides the "
+                             f"logits by it; sampled tokens would not be the model's")
+        factor = 1.0 / float(scaling) if how == "divide" else float(scaling)
+        scale = factor if scale is None else float(scale) * factor
+    return scale
+
+
+def _attention_chunk(hf_config) -> int | None:
+    """The attention chunk of a model with chunked-attention layers (Llama 4), else None."""
+    chunk = getattr(hf_config, "attention_chunk_size", None)
+    if chunk is None:
+        return None
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types is not None and "chunked_attention" not in layer_types:
+        return None
+    return int(chunk)
+
+
 class HFEngineModel:
     """A Hugging Face ``*ForCausalLM`` behind the engine's model interface.
 
@@ -197,14 +251,18 @@ class HFEngineModel:
         if problem is not None:
             raise ValueError(f"HFEngineModel cannot run {type(model).__name__}: {problem}, so the engine's KV "
                              f"pool would never be written and the output would be wrong")
-        base = model.get_decoder() if hasattr(model, "get_decoder") else None
-        if base is None:
-            base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+        base = _base_model(model)
         head = model.get_output_embeddings()
         if base is None or head is None:
             raise ValueError(f"{type(model).__name__} has no base model and output embeddings "
                              "(need a *ForCausalLM model)")
         config = HFEngineConfig(hf_config, next(model.parameters()).dtype)  # refuses before changing the model
+        logits_scale = _logits_scale(hf_config)
+        layer_types = getattr(hf_config, "layer_types", None) or ()
+        other = sorted(set(layer_types) - {"full_attention", "sliding_attention", "chunked_attention"})
+        if other:
+            raise ValueError(f"HFEngineModel runs attention layers only; {type(model).__name__} has layer types "
+                             f"{other}, whose state the engine's KV pool does not hold")
         if set_attention:
             model.set_attn_implementation(ENGINE_ATTENTION)
         elif hf_config._attn_implementation != ENGINE_ATTENTION:
@@ -216,8 +274,9 @@ class HFEngineModel:
         self.lm_head = head
         self.config = config
         self._arch = type(model).__name__
-        self._logit_scale = getattr(hf_config, "logit_scale", None)
+        self._logit_scale = logits_scale
         self._softcap = getattr(hf_config, "final_logit_softcapping", None)
+        self._chunk = _attention_chunk(hf_config)
 
     @property
     def device(self) -> torch.device:
@@ -227,6 +286,13 @@ class HFEngineModel:
         """Hidden states ``[T, hidden]`` of the packed row; ``attention`` is the engine's
         ``PagedAttentionBackend`` (``kv_store``, ``slot_mapping``, ``block_tables``, ``seq_lens``,
         ``query_start_loc``, ``impl``)."""
+        if self._chunk is not None:
+            longest = int(attention.seq_lens.max()) if len(attention.seq_lens) else 0
+            if longest > self._chunk:
+                raise NotImplementedError(
+                    f"{ENGINE_ATTENTION}: a sequence of {longest} tokens outgrows {self._arch}'s attention chunk "
+                    f"({self._chunk} tokens); chunked paged attention is not implemented (its layers would "
+                    f"attend across chunks)")
         with _engine_forward() as layers:
             out = self.base(input_ids=token_ids.reshape(1, -1), position_ids=positions.reshape(1, -1),
                             use_cache=False, **{ENGINE_KWARG: attention})
