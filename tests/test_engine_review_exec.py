@@ -211,3 +211,39 @@ def test_hf_engine_refuses_non_attention_layers_up_front():
     with pytest.raises(ValueError, match="layer types"):
         HFEngineModel(hf)
     assert hf.config._attn_implementation == before       # refused before switching the attention
+
+
+# -- the demo (prefixkv generate) ---------------------------------------------------
+
+
+def _demo_args(*argv):
+    from prefixkv.cli import add_generate_command
+
+    parser = argparse.ArgumentParser(prog="prefixkv")
+    add_generate_command(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["generate", "--requests", "1", "--max-new-tokens", "1", "--layers", "1",
+                              "--repeat", "1", *argv])
+
+
+@pytest.mark.parametrize("bad", [-0.5, float("nan"), float("inf")])
+def test_demo_refuses_a_bad_temperature_naming_the_option(bad, monkeypatch):
+    """A temperature set on the namespace (programmatic use) reached SamplingParams after the
+    model was built, and its error did not say which option was wrong."""
+    from prefixkv.engine import demo
+
+    args = _demo_args("--hidden-size", "32", "--heads", "4", "--kv-heads", "2")
+    args.temperature = bad
+    monkeypatch.setattr(demo, "run_demo", lambda a: pytest.fail("ran the demo"))
+    with pytest.raises(ValueError, match="--temperature"):
+        demo.cmd_generate(args)
+
+
+def test_demo_refuses_an_odd_head_dim_naming_the_options(monkeypatch):
+    """--hidden-size 24 --heads 8 gives head dim 3: the error was TinyLlamaConfig's "rotary
+    embeddings need an even head_dim, got 3", an option the command does not have."""
+    from prefixkv.engine import demo
+
+    args = _demo_args("--hidden-size", "24", "--heads", "8", "--kv-heads", "2")
+    monkeypatch.setattr(demo, "run_demo", lambda a: pytest.fail("ran the demo"))
+    with pytest.raises(ValueError, match="--hidden-size.*--heads"):
+        demo.cmd_generate(args)

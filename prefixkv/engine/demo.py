@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 
 SYSTEM_PROMPT = (
@@ -179,6 +180,14 @@ def cmd_generate(args) -> int:
         raise RuntimeError("prefixkv generate needs torch (pip install 'prefixkv[torch]')") from None
     if args.hidden_size % args.heads or args.heads % args.kv_heads:
         raise ValueError("--hidden-size must be a multiple of --heads, and --heads of --kv-heads")
+    head_dim = args.hidden_size // args.heads
+    if head_dim % 2:
+        raise ValueError(f"--hidden-size / --heads is the head dimension, which rotary embeddings need even; "
+                         f"got {args.hidden_size} / {args.heads} = {head_dim}")
+    temperature = args.temperature
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"--temperature must be a finite number >= 0, got {temperature!r}")
     check_memory(args)
     result = run_demo(args)
     if args.json:
