@@ -33,6 +33,8 @@ import numpy as np
 
 from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidArgument, InvariantViolation,
                       NoHostBlocks, OutOfBlocks, PolicyError, SequencePreempted, SequenceTooLong, UnknownSequence)
+from .copies import BlockCopies
+from .flat.index import HashRows
 from .events import KVEvent
 from .hashing import (NO_EXTRA_KEYS, TOKEN_TYPECODE, BlockHasher, ExtraKeys, as_hash_list, encode_tokens,
                       repeated_hash)
@@ -73,6 +75,9 @@ class PrefixMatch:
 
 
 def _make_pool(index: str, digest_size: int, num_blocks: int, block_size: int, policy, **kwargs) -> BlockPool:
+    """A pool for ``policy`` (a registry name or a policy object): flat where ``index`` asks for it
+    and numba imports; there ``"lru"`` is the LRU kept in arrays (``prefixkv.flat.lru``), the same
+    order with compiled batches."""
     if index not in ("auto", "flat", "dict"):
         raise InvalidArgument("index", f"must be 'auto', 'flat' or 'dict', got {index!r}")
     if index != "dict":
@@ -85,9 +90,9 @@ def _make_pool(index: str, digest_size: int, num_blocks: int, block_size: int, p
             from .flat.pool import MAX_BLOCKS, FlatBlockPool
             if num_blocks <= MAX_BLOCKS or index == "flat":
                 # the manager checks every hash it is given (_check_digests)
-                return FlatBlockPool(num_blocks, block_size, policy, digest_size=digest_size, hashes_checked=True,
-                                     **kwargs)
-    return BlockPool(num_blocks, block_size, policy, **kwargs)
+                return FlatBlockPool(num_blocks, block_size, flat.make_policy(policy), digest_size=digest_size,
+                                     hashes_checked=True, **kwargs)
+    return BlockPool(num_blocks, block_size, make_policy(policy) if isinstance(policy, str) else policy, **kwargs)
 
 
 class KVCacheManager:
@@ -149,7 +154,7 @@ class KVCacheManager:
                 raise ValueError("the belady policy (MIN) needs every block's next use, which only a trace "
                                  "replay knows: use prefixkv.sim.replay / `prefixkv replay`, or pass a "
                                  "BeladyPolicy object you feed through set_next_use")
-            policy = make_policy(policy)
+            make_policy(policy)     # an unknown name or bad options fail here, before anything is built
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.hasher = BlockHasher(block_size, seed=hash_seed, algorithm=hash_algorithm)
@@ -180,9 +185,11 @@ class KVCacheManager:
         self.load_gate = load_gate
         self._take_lower = load_gate is None or load_gate.swap_one_way_s(
             block_size * load_gate.kv_bytes_per_token) < load_gate.recompute_s(block_size)
-        self._demotions: list[tuple[int, int]] = []   # (device block, host block), run first
-        self._loads: list[tuple[int, int]] = []       # (host block, device block), after demotions
-        self._load_pins: list[int] = []               # host blocks the pending loads read
+        # block copies pending, in batches: (device block, host block) demotions run first, then
+        # (host block, device block) loads; the host blocks the loads read stay held until then
+        self._demotions: list[BlockCopies] = []
+        self._loads: list[BlockCopies] = []
+        self._load_pins: list[Sequence[int]] = []
         self._host_release: list[int] = []            # swap-in sources, released once copied
         # Evicted device blocks not yet demoted: blocks, hashes, and parents / depths (only when the
         # host tier keeps the chain), as columns.
@@ -264,6 +271,21 @@ class KVCacheManager:
         return Prompt(self.hasher, (encoded := encode_tokens(prompt, "prompt")), len(encoded), NO_EXTRA_KEYS)
 
     # -- questions -----------------------------------------------------------
+    def _keys(self, prompt: Prompt) -> Sequence[Hashable]:
+        """The prompt's block hashes in the form the pools probe fastest: a flat index's rows (joined
+        once per prompt, kept on it), else the list itself."""
+        keys = prompt.keys
+        if keys is None:
+            hashes = prompt.block_hashes()
+            keys = hashes
+            if self.pool._index_stores_hashes and len(hashes) > 1:
+                try:
+                    keys = HashRows(self.pool.index.column(hashes))
+                except (TypeError, ValueError):     # not this index's digests: none is cached here
+                    pass
+            prompt.keys = keys
+        return keys
+
     def _lookup(self, prompt: Prompt, compute_last_token: bool) -> list[int]:
         n = prompt.num_tokens
         if not self.enable_caching or n == 0:
@@ -282,13 +304,14 @@ class KVCacheManager:
                     break
                 hits.append(block)
             return hits
-        return self.pool.leading_hits(hashes, 0, min(limit, len(hashes)))
+        return self.pool.leading_hits(self._keys(prompt), 0, min(limit, len(hashes)))
 
     def _lower_hits(self, prompt: Prompt, compute_last_token: bool, hits: list[int]) -> tuple[Sequence[int], list[int]]:
         """Past the device's leading ``hits``: the chain continued through the device and the host
         tier, as (indices, host blocks) for the blocks only the host holds (indices a ``range``
-        when they follow each other). Extends ``hits`` with the device blocks found between them.
-        Read-only; ``((), [])`` without a host cache."""
+        when they follow each other; the host blocks as its pool keeps them, a list or an int64
+        array). Extends ``hits`` with the device blocks found between them and a stand-in at each
+        host block's index. Read-only; ``((), [])`` without a host cache."""
         host = self.host
         if host is None or not host.cache or self.pool.verify or not self._take_lower:
             return _NO_LOWER
@@ -300,12 +323,13 @@ class KVCacheManager:
             return _NO_LOWER
         # The common shape, told in C: one run on the host right after the device hits, with no
         # device block inside it or right after it.
-        run = host.pool.leading_hits(hashes, start, limit)
-        if not run:
+        keys = self._keys(prompt)
+        run = host.pool.leading_run(keys, start, limit)
+        if not len(run):
             return _NO_LOWER
         end = start + len(run)
-        if (end == limit or self.pool.lookup(hashes[end]) is None) and self.pool.holds_none(hashes[start:end]):
-            hits.extend(run)
+        if (end == limit or self.pool.lookup(hashes[end]) is None) and self.pool.holds_none(keys[start:end]):
+            hits += [-1] * len(run)      # the loaded blocks' places, filled at admission
             return range(start, end), run
         return self._lower_hits_mixed(hashes, start, limit, hits)
 
@@ -343,7 +367,7 @@ class KVCacheManager:
     def _blocks_needed(self, prompt: Prompt, hits: list[int], lower=_NO_LOWER) -> tuple[int, int]:
         total = -(-prompt.num_tokens // self.block_size)
         ref = self.pool.ref_count
-        device = _device_hits(hits, lower[0]) if lower[1] else hits
+        device = _device_hits(hits, lower[0]) if len(lower[1]) else hits
         pool = self.pool
         if not device or not pool.num_evictable:
             pinned = 0
@@ -433,43 +457,45 @@ class KVCacheManager:
         hashes = prompt.block_hashes() if self.enable_caching else []
         refused = self._refused_loads(prompt, compute_last_token, len(hits)) if self.load_gate else 0
         indices, sources = lower
-        device = _device_hits(hits, indices) if sources else hits
+        num_loads = len(sources)
+        device = _device_hits(hits, indices) if num_loads else hits
         pool.acquire_hits(device, distinct=True)
-        if sources:
+        if num_loads:
             # before the device allocates: its demotions must not take them
             self.host.pin(sources, distinct=True)
         num_hits = len(hits)
-        num_loads = len(sources)
         size = self.block_size
         try:
-            fresh = pool.allocate(total - num_hits + num_loads, size)
+            fresh = pool.allocate_run(total - num_hits + num_loads, size)
         except PolicyError:
             # the policy broke mid-allocation (the pool put back what it took): let the hits go again,
             # so no block stays held without a holder
             if device:
                 pool.release(device[::-1], seq.priority)
-            if sources:
+            if num_loads:
                 self.host.unpin(sources)
-            if self._evicted[0]:
+            if len(self._evicted[0]):
                 self._store_evicted()
             raise
-        if self._evicted[0]:
+        if len(self._evicted[0]):
             self._store_evicted()
         n = prompt.num_tokens
         if n % size:
             pool.num_tokens[fresh[-1]] = n % size
         table = hits
         if num_loads:
-            loaded = fresh[:num_loads]
+            loaded = loaded_run = fresh[:num_loads]
+            self._loads.append(BlockCopies(sources, loaded))
+            self._load_pins.append(sources)
+            fresh = fresh[num_loads:]
+            if type(loaded) is not list:
+                loaded = loaded.tolist()
             if type(indices) is range:
                 table[indices.start:indices.stop] = loaded
             else:
                 for i, block in zip(indices, loaded):
                     table[i] = block
-            self._loads.extend(zip(sources, loaded))
-            self._load_pins.extend(sources)
-            fresh = fresh[num_loads:]
-        table.extend(fresh)
+        table.extend(fresh if type(fresh) is list else fresh.tolist())
         seq.table = table
         seq.num_tokens = n
         if prompt.tokens is not None:
@@ -479,11 +505,12 @@ class KVCacheManager:
             # loaded blocks enter the device cache now (their bytes follow in take_loads), then the
             # fresh ones; a run of loads with no device hit inside is published in one call
             if type(indices) is range:
-                self._publish(seq, indices.start, indices.stop, record=False)
+                self._publish(seq, indices.start, indices.stop, record=False, blocks=loaded_run,
+                              keys=self._keys(prompt))
             else:
                 for i in indices:
                     self._publish(seq, i, i + 1, record=False)
-            self._publish(seq, num_hits, n // size)
+            self._publish(seq, num_hits, n // size, keys=prompt.keys)
         counters = self._counters
         counters["loads"] += num_loads
         counters["loads_refused"] += refused
@@ -491,9 +518,12 @@ class KVCacheManager:
             counters["host_hit_tokens"] += num_loads * size
         return num_hits * size
 
-    def _publish(self, seq: _Sequence, first: int, stop: int, record: bool = True) -> None:
+    def _publish(self, seq: _Sequence, first: int, stop: int, record: bool = True, blocks=None,
+                 keys=None) -> None:
         """Publish the sequence's full blocks ``first .. stop-1`` (their hashes are known).
-        ``record=False``: loaded from a lower tier, so not offered for write-back."""
+        ``record=False``: loaded from a lower tier, so not offered for write-back. ``blocks``: those
+        blocks as the pool handed them out (``table[first:stop]``), if the caller has them; ``keys``:
+        the hashes as ``_keys`` gave them (covering at least those blocks), if the caller has them."""
         if not seq.publishable or first >= stop:
             return
         published = self._published if record else None
@@ -504,7 +534,9 @@ class KVCacheManager:
             # nothing to compare or report per block: the pool publishes the run in one pass
             end = min(stop, len(hashes))
             if first < end:
-                pool.publish_run(table[first:end], hashes[first:end], hashes[first - 1] if first else None, first)
+                run = table[first:end] if blocks is None or end != stop else blocks
+                keyed = keys if keys is not None and len(keys) >= end else hashes
+                pool.publish_run(run, keyed[first:end], hashes[first - 1] if first else None, first)
                 if published is not None:
                     published.extend((table[i], hashes, i, seq.tokens, seq.extra) for i in range(first, end))
             if len(hashes) < stop:
@@ -627,7 +659,7 @@ class KVCacheManager:
                 raise OutOfBlocks(needed, pool.num_free, f"append of {k} token(s)")
         table = seq.table
         blocks = pool.allocate(needed) if needed else []
-        if self._evicted[0]:
+        if len(self._evicted[0]):
             self._store_evicted()
         size = self.block_size
         n = seq.num_tokens
@@ -872,40 +904,46 @@ class KVCacheManager:
         host = self.host
         return host is not None and host.cache and not self.pool.verify and self._take_lower
 
-    def take_demotions(self) -> list[tuple[int, int]]:
-        """Pending (device block, host block) copies of blocks evicted to the host tier; clears
-        them. Run them first: the device blocks they read may already be reallocated."""
+    def take_demotions(self) -> BlockCopies:
+        """Pending (device block, host block) copies of blocks evicted to the host tier, oldest
+        first (a ``BlockCopies``: the list of pairs, kept as two arrays); clears them. Run them
+        first: the device blocks they read may already be reallocated."""
         demotions, self._demotions = self._demotions, []
-        return demotions
+        return BlockCopies.join(demotions)
 
-    def take_loads(self) -> list[tuple[int, int]]:
-        """Pending (host block, device block) copies of host-tier hits; clears them and releases
-        the host blocks they read (exclusive: their hashes left the host tier at the admission,
-        the device holds them). Run them after the demotions and before the copy-on-write copies
-        and the step's writes, and before the next call that changes this manager."""
+    def take_loads(self) -> BlockCopies:
+        """Pending (host block, device block) copies of host-tier hits (a ``BlockCopies``); clears
+        them and releases the host blocks they read (exclusive: their hashes left the host tier at
+        the admission, the device holds them). Run them after the demotions and before the
+        copy-on-write copies and the step's writes, and before the next call that changes this
+        manager."""
         loads, self._loads = self._loads, []
         if self._load_pins:
             pins, self._load_pins = self._load_pins, []
-            self.host.unpin(pins)
+            for batch in pins:
+                self.host.unpin(batch)
         if self._host_release:
             release, self._host_release = self._host_release, []
             self.host.release(release)
-        return loads
+        return BlockCopies.join(loads)
 
     def _demote(self, blocks: Sequence[int], hashes: Sequence[Hashable]) -> None:
         """The device pool evicts ``blocks`` (``pool.on_evict_many``): note what the host tier needs
         to keep them, before they are reused; ``_store_evicted`` demotes the batch."""
         if self.unwritten:
+            blocks = _block_list(blocks)
             written = [block not in self.unwritten for block in blocks]
             blocks, hashes = list(compress(blocks, written)), list(compress(hashes, written))
         evicted_blocks, evicted_hashes, parents, depths = self._evicted
-        if not evicted_blocks and not self.host.keeps_chain:
-            # one burst per allocation, as a rule: keep its hashes as given (a flat index's rows)
-            self._evicted = (list(blocks), hashes, parents, depths)
+        if not len(evicted_blocks) and not self.host.keeps_chain:
+            # one burst per allocation, as a rule: keep it as given (a flat pool's block array and
+            # index rows, which a flat host tier takes as they are)
+            self._evicted = (blocks if isinstance(blocks, np.ndarray) else list(blocks), hashes, parents, depths)
             return
-        if type(evicted_hashes) is not list:
-            evicted_hashes = list(evicted_hashes)
+        if type(evicted_blocks) is not list or type(evicted_hashes) is not list:
+            evicted_blocks, evicted_hashes = _block_list(evicted_blocks), list(evicted_hashes)
             self._evicted = (evicted_blocks, evicted_hashes, parents, depths)
+        blocks = _block_list(blocks)
         evicted_blocks += blocks
         evicted_hashes += hashes
         if self.host.keeps_chain:
@@ -918,8 +956,9 @@ class KVCacheManager:
         blocks, hashes, parents, depths = self._evicted
         self._evicted = ([], [], [], [])
         demotions = self.host.store_many(blocks, hashes, parents or None, depths or None)
-        self._demotions.extend(demotions)
-        self._counters["demotions"] += len(demotions)
+        if len(demotions):
+            self._demotions.append(demotions)
+            self._counters["demotions"] += len(demotions)
 
     def drain_events(self) -> list[KVEvent]:
         events = self.pool.drain_events()
@@ -1011,7 +1050,7 @@ class KVCacheManager:
             # host block holders: swapped-out sequences, pending loads' sources, swap-in sources
             # not yet copied; conservation and refcounts as on the device
             self.host.pool.check([*(seq.host_table for seq in self._seqs.values() if seq.host_table),
-                                  self._load_pins, self._host_release])
+                                  *map(_block_list, self._load_pins), self._host_release])
         for seq_id, seq in self._seqs.items():
             if seq.preempted:
                 if seq.table:
@@ -1051,7 +1090,8 @@ class KVCacheManager:
         host = None if self.host is None else (self.host.pool.snapshot(), self.host.stores, self.host.dropped,
                                                 self.host.hits)
         return (seqs, self.pool.snapshot(), tuple(self._copies), tuple(sorted(self._counters.items())), host,
-                tuple(self._demotions), tuple(self._loads), tuple(self._load_pins), tuple(self._host_release))
+                tuple(BlockCopies.join(self._demotions)), tuple(BlockCopies.join(self._loads)),
+                tuple(b for pins in self._load_pins for b in _block_list(pins)), tuple(self._host_release))
 
     # -- helpers -------------------------------------------------------------
     def _get(self, seq_id: Hashable) -> _Sequence:
@@ -1065,6 +1105,11 @@ class KVCacheManager:
         if seq.preempted:
             raise SequencePreempted(seq_id)
         return seq
+
+
+def _block_list(blocks: Sequence[int]) -> list[int]:
+    """Block ids as a list of ints (from a list, a tuple or an int64 array)."""
+    return blocks.tolist() if isinstance(blocks, np.ndarray) else list(blocks)
 
 
 def _device_hits(hits: list[int], loaded: Sequence[int]) -> list[int]:

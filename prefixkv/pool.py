@@ -268,6 +268,18 @@ class BlockPool:
                 pass
         return leading(get, hashes, start, limit)
 
+    # Batch answers in the form this pool keeps block ids, for a caller that hands them back to a
+    # pool: lists here, int64 arrays from a flat pool (``prefixkv.flat.pool``), which then converts
+    # nothing. Either reads as a sequence of block ids (``len``, indexing, iteration).
+    def leading_run(self, hashes: Sequence[Hashable], start: int, limit: int) -> Sequence[int]:
+        return self.leading_hits(hashes, start, limit)
+
+    def allocate_run(self, n: int, num_tokens: int | None = None) -> Sequence[int]:
+        return self.allocate(n, num_tokens)
+
+    def cache_run(self, hashes: list[Hashable], parents: list[Hashable | None], depths: list[int]) -> Sequence[int]:
+        return self.cache_many(hashes, parents, depths)
+
     def holds_none(self, hashes: Iterable[Hashable]) -> bool:
         """No hash of ``hashes`` is cached here."""
         return self._cached.keys().isdisjoint(hashes)
@@ -650,7 +662,7 @@ class BlockPool:
                     depth: int) -> None:
         """``publish(blocks[i], hashes[i], hashes[i - 1] (parent_hash for i = 0), depth + i)`` for
         each ``i`` in order: a chain's run of blocks, through ``publish_many``."""
-        if blocks:
+        if len(blocks):
             # the parents are read only to keep the chain or to report it
             parents = [parent_hash, *hashes[:len(blocks) - 1]] if self._keep_chain or self.events is not None \
                 else repeat(None)

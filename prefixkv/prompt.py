@@ -14,7 +14,7 @@ from .hashing import NO_EXTRA_KEYS, BlockHasher, ExtraKeys
 
 
 class Prompt:
-    __slots__ = ("tokens", "num_tokens", "extra", "hasher", "_hashes")
+    __slots__ = ("tokens", "num_tokens", "extra", "hasher", "_hashes", "keys")
 
     def __init__(self, hasher: BlockHasher, tokens: array | None, num_tokens: int,
                  extra: ExtraKeys = NO_EXTRA_KEYS, hashes: list[Hashable] | None = None) -> None:
@@ -23,6 +23,10 @@ class Prompt:
         self.num_tokens = num_tokens
         self.extra = extra
         self._hashes = hashes
+        # The block hashes as a pool with a flat index probes them (their digests joined into rows,
+        # ``prefixkv.flat.HashRows``), made by the first manager that looks the prompt up and kept:
+        # ``match`` and ``admit`` and each tier below share one join.
+        self.keys = None
 
     @property
     def has_tokens(self) -> bool:

@@ -31,6 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from prefixkv import KVCacheManager  # noqa: E402
 from prefixkv.errors import (HashMismatch, InvalidArgument, InvariantViolation, OutOfBlocks,  # noqa: E402
                              PolicyError)
+from prefixkv.flat.lru import CompiledLRU  # noqa: E402
 from prefixkv.flat.pool import FlatBlockPool  # noqa: E402
 from prefixkv.policies import SessionHint, available_policies, make_policy  # noqa: E402
 from prefixkv.policies.lru import LRUPolicy  # noqa: E402
@@ -107,10 +108,14 @@ EXTRA = {
     "priority": lambda: PriorityPolicy(make_policy("lru"), min_priority=2),
     "priority-lfu": lambda: PriorityPolicy(make_policy("lfu"), min_priority=2),
 }
-POLICIES = sorted(n for n in available_policies() if n != "belady") + sorted(EXTRA)
+POLICIES = sorted(n for n in available_policies() if n != "belady") + sorted(EXTRA) + ["lru-compiled"]
 
 
-def build_policy(name: str):
+def build_policy(name: str, flat: bool = False):
+    """``lru-compiled``: the flat pool runs the LRU kept in arrays (``CompiledLRU``, what a manager
+    gives a flat pool for "lru"), the dict pool ``LRUPolicy``: same order, same victims."""
+    if name == "lru-compiled":
+        return CompiledLRU() if flat else LRUPolicy()
     return EXTRA[name]() if name in EXTRA else make_policy(name)
 
 
@@ -154,7 +159,7 @@ class PoolPair(RuleBasedStateMachine):
     # small pools half the time: 16 hashes fill them, so bursts of evictions are common; the
     # policies with batch events (the fast paths) drawn more often
     @initialize(num_blocks=st.one_of(st.integers(4, 12), st.integers(13, 40)), block_size=st.integers(1, 4),
-                policy=st.sampled_from(POLICIES + ["lru", "lru-checked", "session"] * 3),
+                policy=st.sampled_from(POLICIES + ["lru", "lru-checked", "session", "lru-compiled"] * 3),
                 track_reuse=st.booleans(), record_events=st.booleans(), keep_chain=st.booleans(),
                 record_evictions=st.booleans())
     def setup(self, **params):
@@ -164,7 +169,7 @@ class PoolPair(RuleBasedStateMachine):
         self.policy_name = policy
         kwargs = dict(record_events=record_events, track_reuse=track_reuse)
         self.d = BlockPool(num_blocks, block_size, build_policy(policy), **kwargs)
-        self.f = FlatBlockPool(num_blocks, block_size, build_policy(policy), digest_size=16, **kwargs)
+        self.f = FlatBlockPool(num_blocks, block_size, build_policy(policy, flat=True), digest_size=16, **kwargs)
         assert not isinstance(self.d, FlatBlockPool)
         if keep_chain:
             self.d.keep_chain = self.f.keep_chain = True
@@ -380,7 +385,8 @@ class FastPathPair(PoolPair):
     and without its ``valid_victims`` promise, session), no KV events."""
 
     @initialize(num_blocks=st.one_of(st.integers(4, 12), st.integers(13, 40)), block_size=st.integers(1, 4),
-                policy=st.sampled_from(["lru", "lru-checked", "session"]), track_reuse=st.booleans(),
+                policy=st.sampled_from(["lru", "lru-checked", "session", "lru-compiled", "lru-compiled"]),
+                track_reuse=st.booleans(),
                 record_events=st.just(False), keep_chain=st.booleans(), record_evictions=st.booleans())
     def setup(self, **params):
         self._setup(**params)

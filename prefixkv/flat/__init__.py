@@ -21,3 +21,13 @@ def available() -> bool:
         except Exception:       # ImportError, or a numba that does not load on this Python / numpy
             _AVAILABLE = False
     return _AVAILABLE
+
+
+def make_policy(policy):
+    """The policy a flat pool runs for ``policy`` (a registry name or a policy object): ``"lru"`` by
+    name is ``CompiledLRU`` (the same order, kept in arrays); anything else as the registry makes it."""
+    if policy == "lru":
+        from .lru import CompiledLRU
+        return CompiledLRU()
+    from ..policies import make_policy as by_name
+    return by_name(policy) if isinstance(policy, str) else policy

@@ -256,14 +256,17 @@ class FlatIndex:
     def setdefault_many(self, q: np.ndarray, blocks: Sequence[int]) -> list[int]:
         """``[map.setdefault(k, b) for k, b in zip(q, blocks)]`` in one call (pairs as ``zip`` does:
         the kernel reads ``blocks[i]`` for every key, unchecked)."""
-        arr = as_block_array(blocks)
-        n = min(q.shape[0], arr.shape[0])
-        if n != q.shape[0] or n != arr.shape[0]:
-            q, arr = q[:n], arr[:n]
+        return self.insert_array(q, as_block_array(blocks)).tolist()
+
+    def insert_array(self, q: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """``setdefault_many`` of an int64 array, as one."""
+        n = min(q.shape[0], blocks.shape[0])
+        if n != q.shape[0] or n != blocks.shape[0]:
+            q, blocks = q[:n], blocks[:n]
         self._reserve(n)
         got = np.empty(n, np.int64)
-        self.count += int(kernels.insert_many(self.slots, self.keys, self.has, q, arr, got, self._scratch))
-        return got.tolist()
+        self.count += int(kernels.insert_many(self.slots, self.keys, self.has, q, blocks, got, self._scratch))
+        return got
 
     def lookup_many(self, q: np.ndarray) -> np.ndarray:
         """Per key: its block, or -1."""
@@ -273,9 +276,13 @@ class FlatIndex:
 
     def lookup_run(self, q: np.ndarray) -> list[int]:
         """The blocks of the leading run of ``q``'s keys found."""
+        return self.lookup_run_array(q).tolist()
+
+    def lookup_run_array(self, q: np.ndarray) -> np.ndarray:
+        """``lookup_run`` as an int64 array."""
         out = np.empty(q.shape[0], np.int64)
         n = kernels.lookup_run(self.slots, self.keys, q, out, self._scratch)
-        return out[:n].tolist()
+        return out[:n]
 
     def remove_blocks(self, blocks: Iterable[int], check: bool) -> int:
         """Take the keys of ``blocks`` out; see ``kernels.remove_blocks``. Returns -1, or (check

@@ -11,15 +11,27 @@ hash read back is a fresh ``bytes`` equal to the one stored.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping
 from typing import Hashable, Iterable, Iterator, Sequence
 
+import numpy as np
+
+from ..errors import OutOfBlocks
 from ..pool import BlockPool
+from . import lru_kernels
 from .index import FlatIndex, HashRows, as_block_array as index_blocks
+from .lru import CompiledLRU
+from .stack import FreeStack
 
 
 # Slots keep ``block + 1`` in 32 bits.
 MAX_BLOCKS = 2**32 - 2
+_NO_FLAGS = np.zeros(0, np.uint8)
+
+
+def _as_blocks(blocks) -> np.ndarray:
+    return index_blocks(blocks if isinstance(blocks, (list, np.ndarray)) else list(blocks))
 
 
 class _IndexMap(Mapping):
@@ -109,8 +121,24 @@ class FlatBlockPool(BlockPool):
         # entering keys then skips the check per hash (~35 ns each; 2,048 in a long prompt).
         self.hashes_checked = hashes_checked
         super().__init__(num_blocks, block_size, policy, **kwargs)
+        # The LRU order in arrays: batches move blocks in and out of it with their refcounts in one
+        # compiled call (``_compiled``); any other policy takes the base class's paths.
+        self._lru = policy if type(policy) is CompiledLRU else None
+        self._free = FreeStack()
+
+    def _compiled(self) -> CompiledLRU | None:
+        """The compiled LRU, when nothing needs a per-block step: no KV events, no reuse tracking,
+        no active duplicates."""
+        if self.events is None and self._reused is None and not self._duplicate_hash:
+            return self._lru
+        return None
 
     def _make_index(self) -> None:
+        # refcounts and token counts in int64 arrays: Python indexes them as fast as lists, and the
+        # compiled batch operations view them (np.frombuffer, per call: an array that exports its
+        # buffer cannot grow)
+        self.ref_count = array("q")
+        self.num_tokens = array("q")
         index = self.index
         self._cached = self.cached_map = _IndexMap(index)
         self.block_hash = _HashColumn(index, self.ref_count)
@@ -132,6 +160,16 @@ class FlatBlockPool(BlockPool):
         except (TypeError, ValueError):     # not all digests of this width: none of those is cached
             return super().leading_hits(hashes, start, limit)
         return self.index.lookup_run(q)
+
+    def leading_run(self, hashes: Sequence[Hashable], start: int, limit: int) -> np.ndarray:
+        """``leading_hits`` as an int64 array."""
+        if start >= limit or self.index.get(hashes[start]) is None:
+            return index_blocks(())
+        try:
+            q = self.index.column(hashes[start:limit])
+        except (TypeError, ValueError):     # not all digests of this width: none of those is cached
+            return index_blocks(super().leading_hits(hashes, start, limit))
+        return self.index.lookup_run_array(q)
 
     def holds_none(self, hashes: Iterable[Hashable]) -> bool:
         if type(hashes) is not HashRows:
@@ -171,15 +209,6 @@ class FlatBlockPool(BlockPool):
             q = index.column(hashes, exact=not self.hashes_checked)
         return index.setdefault_many(q, blocks)
 
-    def publish_many(self, blocks: list[int], hashes: list[Hashable], parents: Sequence[Hashable | None],
-                     depths: Sequence[int]) -> None:
-        if not self.hashes_checked and (self.verify or self.events is not None
-                                        or (self._on_cached is not None and self._cached_batch is None)):
-            # the base class publishes block by block here: a hash this index cannot key must raise
-            # before the first is entered (the batch path checks them all first)
-            self.index.column(hashes[:len(blocks)], exact=True)
-        super().publish_many(blocks, hashes, parents, depths)
-
     def cache_many(self, hashes: list[Hashable], parents: list[Hashable | None], depths: list[int]) -> list[int]:
         # A hash this index cannot key raises before a block is claimed (or a victim evicted) for it:
         # the base class claims the blocks first and enters the hashes after.
@@ -217,3 +246,130 @@ class FlatBlockPool(BlockPool):
 
     def _clear_index(self) -> None:
         self.index.clear()
+
+    # -- batches in compiled calls (the LRU order in arrays) ----------------------
+    def acquire_hits(self, blocks: Iterable[int], *, distinct: bool = False) -> None:
+        lru = self._compiled()
+        if lru is not None:
+            arr = _as_blocks(blocks)
+            if arr.shape[0] and lru_kernels.acquire_evictable(np.frombuffer(self.ref_count, np.int64), lru.prev,
+                                                              lru.nxt, lru.ends, arr, _NO_FLAGS):
+                return
+            blocks = arr.tolist()
+        super().acquire_hits(blocks, distinct=distinct)
+
+    def _release(self, blocks_in_order: Iterable[int], priority: int, all_cached: bool = False) -> None:
+        lru = self._compiled()
+        if lru is not None:
+            arr = _as_blocks(blocks_in_order)
+            if not arr.shape[0]:
+                return
+            ref = np.frombuffer(self.ref_count, np.int64)
+            has = self.index.has
+            if lru_kernels.release_cached(ref, has, lru.prev, lru.nxt, lru.ends, arr):
+                if priority or self._priority is not None:
+                    prio = self.priority
+                    for block in arr.tolist():
+                        prio[block] = priority
+                return
+            if lru_kernels.release_uncached(ref, has, arr):
+                self._free.push(arr)
+                return
+            blocks_in_order = arr.tolist()
+        super()._release(blocks_in_order, priority, all_cached)
+
+    def take_cached(self, blocks: list[int], *, distinct: bool = False) -> None:
+        lru = self._compiled()
+        if lru is not None and not self._duplicates:
+            arr = _as_blocks(blocks)
+            if arr.shape[0] and lru_kernels.acquire_evictable(np.frombuffer(self.ref_count, np.int64), lru.prev,
+                                                              lru.nxt, lru.ends, arr, _NO_FLAGS):
+                self.index.remove_blocks(arr, False)      # evictable: each holds its key
+                self.forgotten += arr.shape[0]
+                return
+            blocks = arr.tolist()
+        super().take_cached(blocks, distinct=distinct)
+
+    def _claim_array(self, n: int, lru: CompiledLRU) -> np.ndarray:
+        """``_claim(n)`` as an int64 array, the victims taken from the compiled LRU in one call."""
+        free = self._free
+        if n <= len(free):
+            return free.pop(n)
+        fresh = self.num_blocks - self._fresh
+        available = len(free) + fresh + len(lru)
+        if n > available:
+            raise OutOfBlocks(n, available)
+        head = free.pop(len(free))
+        if fresh:
+            head = np.concatenate((head, index_blocks(self._take_fresh(min(fresh, n - len(head))))))
+        k = n - len(head)
+        if not k:
+            return head
+        victims = lru.pop(k)
+        self.index.remove_blocks(victims, False)
+        self.evictions += k
+        if self.on_evict_many is not None:
+            # the removed blocks' key rows stay readable until the blocks take new keys
+            self.on_evict_many(victims, self.index.hashes_of(victims))
+        return np.concatenate((head, victims)) if len(head) else victims
+
+    def allocate_run(self, n: int, num_tokens: int | None = None) -> np.ndarray:
+        """``allocate`` as an int64 array."""
+        lru = self._compiled()
+        if lru is None or self._duplicates:
+            return index_blocks(super().allocate(n, num_tokens))
+        out = self._claim_array(n, lru)
+        lru_kernels.fill(np.frombuffer(self.ref_count, np.int64), out, 1)
+        if num_tokens is not None:
+            lru_kernels.fill(np.frombuffer(self.num_tokens, np.int64), out, num_tokens)
+        return out
+
+    def allocate(self, n: int, num_tokens: int | None = None) -> list[int]:
+        if self._compiled() is None or self._duplicates:
+            return super().allocate(n, num_tokens)
+        return self.allocate_run(n, num_tokens).tolist()
+
+    def cache_run(self, hashes, parents, depths) -> np.ndarray:
+        """``cache_many`` as an int64 array."""
+        lru = self._compiled()
+        if lru is None or self._duplicates or self.verify or self._keep_chain:
+            return index_blocks(self.cache_many(hashes, parents, depths))
+        q = self.index.column(hashes, exact=not self.hashes_checked)
+        blocks = self._claim_array(len(hashes), lru)
+        got = self.index.insert_array(q, blocks)
+        new = got == blocks
+        if new.all():
+            primaries = blocks
+        else:     # a hash cached already: this copy is a duplicate, dropped again at once
+            primaries = blocks[new]
+            self._free.push(blocks[~new])
+        lru_kernels.fill(np.frombuffer(self.num_tokens, np.int64), blocks, self.block_size)
+        if self._priority is not None:
+            prio = self._priority
+            for block in primaries.tolist():
+                prio[block] = 0
+        lru_kernels.append(lru.prev, lru.nxt, lru.ends, primaries)
+        return blocks
+
+    def publish_many(self, blocks: list[int], hashes: list[Hashable], parents: Sequence[Hashable | None],
+                     depths: Sequence[int]) -> None:
+        if (self._compiled() is not None and not self.verify and not self._keep_chain
+                and self._on_cached is None and len(blocks) > 1):
+            arr = _as_blocks(blocks)
+            n = min(arr.shape[0], len(hashes))
+            q = self.index.column(hashes[:n], exact=not self.hashes_checked)
+            got = self.index.insert_array(q, arr[:n])
+            if not (got == arr[:n]).all():     # already cached: duplicates of their primaries
+                for block, h, primary in zip(arr[:n].tolist(), hashes, got.tolist()):
+                    if primary != block:
+                        self._duplicate_hash[block] = h
+                        self._duplicates.setdefault(h, []).append(block)
+            return
+        if isinstance(blocks, np.ndarray):
+            blocks = blocks.tolist()
+        if not self.hashes_checked and (self.verify or self.events is not None
+                                        or (self._on_cached is not None and self._cached_batch is None)):
+            # the base class publishes block by block here: a hash this index cannot key must raise
+            # before the first is entered (the batch path checks them all first)
+            self.index.column(hashes[:len(blocks)], exact=True)
+        super().publish_many(blocks, hashes, parents, depths)

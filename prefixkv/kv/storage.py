@@ -52,6 +52,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
+from ..copies import BlockCopies
 from ..sizing import KVSpec, parse_size
 
 __all__ = ["KVStore", "TORCH_DTYPES", "torch_dtype"]
@@ -167,6 +168,8 @@ def _resolve_copies(copies: Iterable[tuple[int, int]], *, chained: bool) -> tupl
     same pool) follows each source back to the block whose *current* content
     it will hold; in every case the last write to a destination wins.
     """
+    if isinstance(copies, BlockCopies) and not chained and np.unique(copies.dst).shape[0] == len(copies):
+        return copies.src.tolist(), copies.dst.tolist()     # every destination written once: in order
     origin: dict[int, int] = {}
     for src, dst in copies:
         src, dst = int(src), int(dst)

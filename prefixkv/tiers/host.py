@@ -22,6 +22,9 @@ from __future__ import annotations
 from itertools import compress
 from typing import Hashable, Sequence
 
+import numpy as np
+
+from ..copies import BlockCopies
 from ..policies import make_policy
 from ..pool import BlockPool
 
@@ -37,13 +40,14 @@ class HostTier:
         """``cache=False`` keeps today's swap-only host space: nothing is published or found here.
         ``digest_size``: the device pool keeps a flat index of digests this wide
         (``prefixkv.flat``), so this pool does too; None: a dict index, as the device's."""
-        policy = make_policy(policy) if isinstance(policy, str) else policy
         if digest_size is None:
+            policy = make_policy(policy) if isinstance(policy, str) else policy
             self.pool = BlockPool(num_blocks, block_size, policy, record_events=record_events, medium=MEDIUM)
         else:
+            from .. import flat
             from ..flat.pool import FlatBlockPool
             # its hashes come from the device's index (demoted, or swapped out): checked already
-            self.pool = FlatBlockPool(num_blocks, block_size, policy, digest_size=digest_size,
+            self.pool = FlatBlockPool(num_blocks, block_size, flat.make_policy(policy), digest_size=digest_size,
                                       hashes_checked=True, record_events=record_events, medium=MEDIUM)
         self.cache = cache
         self.inclusive = inclusive
@@ -103,32 +107,34 @@ class HostTier:
         pairs = self.store_many([-1], [block_hash], [parent_hash], [depth])
         return pairs[0][1] if pairs else None
 
-    def store_many(self, blocks: list[int], hashes: list[Hashable], parents: list[Hashable | None] | None = None,
-                   depths: list[int] | None = None) -> list[tuple[int, int]]:
+    def store_many(self, blocks: Sequence[int], hashes: Sequence[Hashable],
+                   parents: list[Hashable | None] | None = None, depths: list[int] | None = None) -> BlockCopies:
         """Demote a batch of evicted (full) device blocks, in eviction order (parallel lists;
-        ``parents`` / ``depths`` may be None unless ``keeps_chain``); returns the
-        ``(device block, host block)`` copies to run. Hashes already here are skipped; when
+        ``parents`` / ``depths`` may be None unless ``keeps_chain``; ``blocks`` a list or an
+        int64 array); returns the ``(device block, host block)`` copies to run. Hashes already here are skipped; when
         fewer host blocks are free than needed, the most recently evicted are kept (the rest
         are dropped and counted). One pass for the batch, in eviction order, so the host
         policy sees them oldest first."""
         pool = self.pool
-        if not self.cache or not blocks:
-            return []
+        if not self.cache or not len(blocks):
+            return BlockCopies()
         if parents is None or depths is None:
             parents, depths = [None] * len(blocks), [0] * len(blocks)
         if not pool.holds_none(hashes):
             new = [p is None for p in map(pool.lookup, hashes)]
+            if isinstance(blocks, np.ndarray):
+                blocks = blocks.tolist()
             blocks, hashes, parents, depths = (list(compress(values, new)) for values in (blocks, hashes, parents, depths))
         room = pool.num_free
         if len(blocks) > room:
             cut = len(blocks) - room
             self.dropped += cut
             blocks, hashes, parents, depths = (values[cut:] for values in (blocks, hashes, parents, depths))
-        if not blocks:
-            return []
-        host_blocks = pool.cache_many(hashes, parents, depths)
+        if not len(blocks):
+            return BlockCopies()
+        host_blocks = pool.cache_run(hashes, parents, depths)
         self.stores += len(host_blocks)
-        return list(zip(blocks, host_blocks))
+        return BlockCopies(blocks, host_blocks)
 
     # -- swap space ----------------------------------------------------------
     def hold(self, n: int) -> list[int]:

@@ -1,0 +1,74 @@
+"""Block copies between tiers, as the manager hands them out (``take_demotions``, ``take_loads``).
+
+A batch of ``(source block, destination block)`` pairs kept as two int64 arrays: an admission that
+loads a long prompt from the host tier records thousands of pairs, and building a tuple per pair
+cost as much as the rest of its bookkeeping. It reads as the list of pairs it stands for (length,
+indexing, iteration, equality with a list of tuples); a KV store takes ``src`` / ``dst`` as they are.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Iterator, Sequence
+
+import numpy as np
+
+_EMPTY = np.empty(0, np.int64)
+
+
+def _column(blocks) -> np.ndarray:
+    if isinstance(blocks, np.ndarray):
+        return blocks.astype(np.int64, copy=False)
+    if not blocks:
+        return _EMPTY
+    return np.frombuffer(array("q", blocks), np.int64)
+
+
+class BlockCopies(Sequence):
+    """``(src[i], dst[i])`` pairs, in the order they must run."""
+
+    __slots__ = ("src", "dst")
+
+    def __init__(self, src=(), dst=()) -> None:
+        self.src = _column(src)
+        self.dst = _column(dst)
+        if self.src.shape[0] != self.dst.shape[0]:
+            raise ValueError(f"{self.src.shape[0]} sources for {self.dst.shape[0]} destinations")
+
+    @classmethod
+    def join(cls, parts: Sequence[BlockCopies]) -> BlockCopies:
+        """The pairs of ``parts``, one after another."""
+        if not parts:
+            return cls()
+        if len(parts) == 1:
+            return parts[0]
+        out = cls.__new__(cls)
+        out.src = np.concatenate([p.src for p in parts])
+        out.dst = np.concatenate([p.dst for p in parts])
+        return out
+
+    def __len__(self) -> int:
+        return self.src.shape[0]
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            out = BlockCopies.__new__(BlockCopies)
+            out.src, out.dst = self.src[i], self.dst[i]
+            return out
+        return int(self.src[i]), int(self.dst[i])
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return zip(self.src.tolist(), self.dst.tolist())
+
+    def __eq__(self, other) -> bool:
+        """Equal to a list or tuple of the same pairs (the list it stands for), or to equal copies."""
+        if isinstance(other, BlockCopies):
+            return bool(np.array_equal(self.src, other.src) and np.array_equal(self.dst, other.dst))
+        if isinstance(other, (list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None       # stands for a list: not hashable
+
+    def __repr__(self) -> str:
+        return f"BlockCopies({list(self)!r})"
