@@ -247,3 +247,31 @@ def test_demo_refuses_an_odd_head_dim_naming_the_options(monkeypatch):
     monkeypatch.setattr(demo, "run_demo", lambda a: pytest.fail("ran the demo"))
     with pytest.raises(ValueError, match="--hidden-size.*--heads"):
         demo.cmd_generate(args)
+
+
+# -- requests -----------------------------------------------------------------------
+
+
+def test_generate_with_an_empty_prompt_adds_nothing_and_names_the_prompt(model):
+    """The empty prompt was only refused by Request, after the prompts before it had been added:
+    they were left in engine.requests (cancelled), the error named an automatic id the caller
+    never saw, and the arrival numbers of later per-request seeds had moved."""
+    engine = engine_for(model)
+    with pytest.raises(ValueError, match="prompt 1 of the batch.*empty"):
+        engine.generate([[1, 2, 3], []], max_new_tokens=2)
+    assert engine.requests == {} and engine._num_added == 0
+    params = SamplingParams(temperature=1.0)
+    fresh = engine_for(model)
+    assert engine.generate([[1, 2, 3]], max_new_tokens=3, sampling=params) == \
+        fresh.generate([[1, 2, 3]], max_new_tokens=3, sampling=params)
+    assert_clean(engine)
+
+
+@pytest.mark.parametrize("bad", ["2", 2.0, [2, 3], -1, True])
+def test_a_bad_eos_token_id_is_refused_naming_it(model, bad):
+    """An eos_token_id that no sampled token can equal ("2", a list as in HF generation configs,
+    -1) was accepted and silently never stopped the request."""
+    engine = engine_for(model)
+    with pytest.raises((TypeError, ValueError), match="eos_token_id"):
+        engine.add_request([1, 2, 3], max_new_tokens=2, eos_token_id=bad)
+    assert engine.requests == {}

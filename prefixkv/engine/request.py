@@ -105,8 +105,9 @@ class InvalidRequestTokens(InvalidTokens):
 
 def check_prompt_tokens(prompt, vocab_size: int | None, request_id=None,
                         prompt_index: int | None = None) -> tuple[int, ...]:
-    """``prompt`` as a tuple of ints, every one in ``[0, vocab_size)`` (``[0, 2**32)`` when the
-    vocabulary size is unknown); ``InvalidRequestTokens`` naming the first bad one otherwise.
+    """``prompt`` as a non-empty tuple of ints, every one in ``[0, vocab_size)`` (``[0, 2**32)`` when
+    the vocabulary size is unknown); ``InvalidRequestTokens`` naming the first bad one otherwise,
+    ``ValueError`` for an empty prompt.
     Integers of any kind (numpy, 0-d torch) are accepted; floats and strings are not."""
     limit = 2**32 if vocab_size is None else min(int(vocab_size), 2**32)
     tokens = []
@@ -118,6 +119,10 @@ def check_prompt_tokens(prompt, vocab_size: int | None, request_id=None,
         if not 0 <= token < limit:
             raise InvalidRequestTokens(request_id, token, position, vocab_size, prompt_index)
         tokens.append(token)
+    if not tokens:
+        # Refused here, before ``generate`` adds any prompt (``Request`` refuses it too, later).
+        who = f"request {request_id!r}" if request_id is not None else f"prompt {prompt_index} of the batch"
+        raise ValueError(f"{who} has an empty prompt")
     return tuple(tokens)
 
 
@@ -172,6 +177,17 @@ class Request:
                             f"{self.max_new_tokens!r}") from None
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.eos_token_id is not None:
+            # A value no sampled token can equal ("2", [2, 3], -1) would never stop the request.
+            try:
+                if isinstance(self.eos_token_id, bool):
+                    raise TypeError
+                self.eos_token_id = operator.index(self.eos_token_id)
+            except TypeError:
+                raise TypeError(f"eos_token_id must be an int token id or None, got "
+                                f"{type(self.eos_token_id).__name__} {self.eos_token_id!r}") from None
+            if self.eos_token_id < 0:
+                raise ValueError(f"eos_token_id must be >= 0, got {self.eos_token_id}")
         if self.arrival_time != self.arrival_time:      # NaN: never before nor after any clock
             raise ValueError(f"request {self.request_id!r}: arrival_time is NaN")
         if not self.tokens:
