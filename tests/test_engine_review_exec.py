@@ -275,3 +275,19 @@ def test_a_bad_eos_token_id_is_refused_naming_it(model, bad):
     with pytest.raises((TypeError, ValueError), match="eos_token_id"):
         engine.add_request([1, 2, 3], max_new_tokens=2, eos_token_id=bad)
     assert engine.requests == {}
+
+
+# -- the tiny model -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field, bad, error", [
+    ("rope_theta", 0.0, ValueError), ("rope_theta", float("nan"), ValueError), ("rope_theta", -2.0, ValueError),
+    ("rms_norm_eps", -1.0, ValueError), ("rms_norm_eps", float("inf"), ValueError),
+    ("hidden_size", 64.0, TypeError), ("num_layers", "2", TypeError), ("num_layers", True, TypeError),
+    ("seed", 1.5, TypeError),
+])
+def test_tiny_llama_config_refuses_bad_fields_naming_them(field, bad, error):
+    """rope_theta=0/NaN and a negative eps built a model whose logits were all NaN; a float size or
+    seed failed deep in torch (randn, manual_seed) and a string in a bare '<=' comparison."""
+    with pytest.raises(error, match=field):
+        TinyLlamaConfig(**{field: bad})

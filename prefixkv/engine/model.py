@@ -17,6 +17,7 @@ Attention is pluggable: ``forward(token_ids, positions, attention)`` calls
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,9 +46,19 @@ class TinyLlamaConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                     "num_kv_heads", "head_dim"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                     "num_kv_heads", "head_dim", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+            if name != "seed" and value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        for name, low in (("rope_theta", "> 0"), ("rms_norm_eps", ">= 0")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+            # rope_theta <= 0 or NaN, or a negative eps, gives NaN logits everywhere.
+            if not (math.isfinite(value) and (value > 0 if low == "> 0" else value >= 0)):
+                raise ValueError(f"{name} must be a finite number {low}, got {value}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
                              f"({self.num_kv_heads})")
