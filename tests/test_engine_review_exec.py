@@ -291,3 +291,38 @@ def test_tiny_llama_config_refuses_bad_fields_naming_them(field, bad, error):
     seed failed deep in torch (randn, manual_seed) and a string in a bare '<=' comparison."""
     with pytest.raises(error, match=field):
         TinyLlamaConfig(**{field: bad})
+
+
+# -- the remote tier's engine side ----------------------------------------------------
+
+
+class _FakeTier:
+    def __init__(self, manager):
+        self.manager = manager
+        self.prefetched = []
+
+    def prefetch(self, prompt):
+        self.prefetched.append(prompt.tokens if hasattr(prompt, "tokens") else prompt)
+        return 0
+
+
+def test_remote_prefetch_probes_a_new_request_that_reuses_a_finished_ones_id(model):
+    """RemoteStep remembered prefetches by request id and token count: a new request reusing a
+    finished one's id with a prompt of the same length was never probed, so the blocks another
+    replica had stored for it were recomputed."""
+    from prefixkv.engine.remote import RemoteStep
+
+    engine = engine_for(model)
+    tier = _FakeTier(engine.manager)
+    step = RemoteStep(tier)
+    engine.add_request([1, 2, 3, 4, 5], max_new_tokens=1, request_id="a")
+    step.before(engine.scheduler, engine.clock.now())
+    engine.run()
+    assert len(tier.prefetched) == 1
+    engine.add_request([9, 8, 7, 6, 5], max_new_tokens=1, request_id="a")
+    step.before(engine.scheduler, engine.clock.now())
+    assert len(tier.prefetched) == 2
+    step.before(engine.scheduler, engine.clock.now())       # the same request waiting again: no probe
+    assert len(tier.prefetched) == 2
+    engine.run()
+    assert_clean(engine)

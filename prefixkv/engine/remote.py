@@ -26,7 +26,9 @@ from .request import RequestStatus
 class RemoteStep:
     def __init__(self, tier) -> None:
         self.tier = tier
-        self._prefetched: dict = {}       # request id -> token count it was prefetched at
+        # request -> token count it was prefetched at. Keyed by the Request object, not its id: a new
+        # request may reuse a finished one's id with another prompt of the same length.
+        self._prefetched: dict = {}
 
     def before(self, scheduler, now: float) -> int:
         """Prefetch for the requests this step may admit; returns the blocks staged."""
@@ -40,13 +42,13 @@ class RemoteStep:
             if r.arrival_time > now:
                 continue
             seats -= 1
-            if r.status is RequestStatus.SWAPPED or done.get(r.request_id) == len(r.tokens):
+            if r.status is RequestStatus.SWAPPED or done.get(r) == len(r.tokens):
                 continue
-            done[r.request_id] = len(r.tokens)
+            done[r] = len(r.tokens)
             staged += self.tier.prefetch(hashed_tokens(mgr, r))
         if len(done) > 2 * len(scheduler.requests) + 64:     # forget requests that are gone
             live = scheduler.requests
-            self._prefetched = {rid: n for rid, n in done.items() if rid in live}
+            self._prefetched = {r: n for r, n in done.items() if live.get(r.request_id) is r}
         return staged
 
     def after(self) -> int:
