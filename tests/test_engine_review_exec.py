@@ -326,3 +326,26 @@ def test_remote_prefetch_probes_a_new_request_that_reuses_a_finished_ones_id(mod
     assert len(tier.prefetched) == 2
     engine.run()
     assert_clean(engine)
+
+
+def test_hf_engine_refuses_sequences_past_a_window_the_model_applies_only_through_its_mask():
+    """Qwen2-MoE's sliding layers never pass ``sliding_window`` to the attention function (the
+    mask alone applies it), so the attention function's window check never fired and sequences
+    past the window were silently wrong."""
+    HFEngineModel = _hf_engine_model()
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2MoeConfig(**_hf_common(), moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                                      num_experts=2, num_experts_per_tok=1, use_sliding_window=True,
+                                      sliding_window=8, max_window_layers=2)
+    ref = transformers.Qwen2MoeForCausalLM(cfg).eval()
+    engine = Engine.from_model(HFEngineModel(copy.deepcopy(ref)), num_blocks=32, block_size=B,
+                               clock=SimulatedClock())
+    short = [3, 4, 5, 6, 7]
+    assert engine.generate([short], max_new_tokens=3) == [_hf_reference(ref, short, 3)]   # within the window
+    rid = engine.add_request([3, 4, 5, 6, 7, 8, 9, 10, 11, 12], max_new_tokens=2)
+    with pytest.raises(NotImplementedError, match="sliding window"):
+        engine.run()
+    assert engine.requests[rid].status is RequestStatus.FAILED
+    assert_clean(engine)

@@ -223,6 +223,19 @@ def _logits_scale(hf_config) -> float | None:
     return scale
 
 
+def _sliding_window(hf_config) -> int | None:
+    """The sliding window of any of the model's layers (None: every layer sees its whole history)."""
+    window = getattr(hf_config, "sliding_window", None)
+    if not window:                       # None, or 0 (Qwen2-MoE without use_sliding_window)
+        return None
+    layer_types = getattr(hf_config, "layer_types", None)
+    if layer_types is not None:
+        return int(window) if "sliding_attention" in layer_types else None
+    if getattr(hf_config, "use_sliding_window", True) is False:
+        return None
+    return int(window)
+
+
 def _attention_chunk(hf_config) -> int | None:
     """The attention chunk of a model with chunked-attention layers (Llama 4), else None."""
     chunk = getattr(hf_config, "attention_chunk_size", None)
@@ -277,6 +290,7 @@ class HFEngineModel:
         self._logit_scale = logits_scale
         self._softcap = getattr(hf_config, "final_logit_softcapping", None)
         self._chunk = _attention_chunk(hf_config)
+        self._window = _sliding_window(hf_config)
 
     @property
     def device(self) -> torch.device:
@@ -286,8 +300,14 @@ class HFEngineModel:
         """Hidden states ``[T, hidden]`` of the packed row; ``attention`` is the engine's
         ``PagedAttentionBackend`` (``kv_store``, ``slot_mapping``, ``block_tables``, ``seq_lens``,
         ``query_start_loc``, ``impl``)."""
+        longest = int(attention.seq_lens.max()) if len(attention.seq_lens) else 0
+        if self._window is not None and longest > self._window:
+            # Checked here, not only in the attention function: some models (Qwen2-MoE, PhiMoE) apply
+            # their window through the mask alone and never pass ``sliding_window`` to it.
+            raise NotImplementedError(
+                f"{ENGINE_ATTENTION}: a sequence of {longest} tokens outgrows {self._arch}'s sliding window "
+                f"({self._window}); sliding-window paged attention is not implemented")
         if self._chunk is not None:
-            longest = int(attention.seq_lens.max()) if len(attention.seq_lens) else 0
             if longest > self._chunk:
                 raise NotImplementedError(
                     f"{ENGINE_ATTENTION}: a sequence of {longest} tokens outgrows {self._arch}'s attention chunk "
