@@ -324,11 +324,19 @@ class KVCacheManager:
         # The common shape, told in C: one run on the host right after the device hits, with no
         # device block inside it or right after it.
         keys = self._keys(prompt)
-        run = host.pool.leading_run(keys, start, limit)
+        if type(keys) is HashRows and host.pool._index_stores_hashes:
+            # both indexes flat: the host's run and the device's absence from it in one pass
+            if host.pool.lookup(hashes[start]) is None:
+                return _NO_LOWER
+            run, outside = host.pool.index.lookup_run_outside(self.pool.index, keys.rows[start:limit])
+        else:
+            run = host.pool.leading_run(keys, start, limit)
+            outside = None
         if not len(run):
             return _NO_LOWER
         end = start + len(run)
-        if (end == limit or self.pool.lookup(hashes[end]) is None) and self.pool.holds_none(keys[start:end]):
+        if (end == limit or self.pool.lookup(hashes[end]) is None) and (
+                outside if outside is not None else self.pool.holds_none(keys[start:end])):
             hits += [-1] * len(run)      # the loaded blocks' places, filled at admission
             return range(start, end), run
         return self._lower_hits_mixed(hashes, start, limit, hits)

@@ -200,3 +200,29 @@ def test_replay_json_reports_the_replay_time(capsys):
 
     assert main(["replay", "--capacity", "200", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["replay_s"] > 0
+
+
+@pytest.mark.parametrize("index", ["dict", "flat"])
+def test_a_host_run_with_device_blocks_inside_loads_only_what_the_device_lacks(index):
+    """Both tiers hold a prompt (swapped out and back in: swapping publishes on the host too); the
+    device then loses its first block only. The host holds the whole chain, but only the first block
+    is loaded: the rest are device hits (the check that the device holds none of the host's run)."""
+    if index == "flat":
+        pytest.importorskip("numba")
+    mgr = KVCacheManager(16, 4, hash_seed=0, num_host_blocks=16, host_cache=True, index=index)
+    tokens = list(range(16))
+    mgr.admit("a", tokens, compute_last_token=False)
+    mgr.swap_out("a")
+    mgr.swap_in("a")
+    mgr.take_demotions()
+    mgr.take_loads()
+    mgr.free("a")
+    first = mgr.pool.lookup(mgr.prompt(tokens).block_hashes()[0])
+    mgr.pool.take_cached([first])        # the device forgets its first block (its hash moved nowhere)
+    mgr.pool.release([first])
+    assert mgr.host.count_leading(mgr.prompt(tokens).block_hashes()) == 4
+    m = mgr.match(tokens, compute_last_token=False)
+    assert (m.hit_blocks, m.lower_hit_blocks) == (4, 1)
+    assert mgr.admit("b", tokens, compute_last_token=False) == 16
+    assert len(mgr.take_loads()) == 1
+    mgr.check_invariants()

@@ -64,6 +64,7 @@ def _warm(words: int) -> None:
     index.setdefault_many(q[:2], [0, 1])
     index.setdefault_one(q[2:], 2)
     index.lookup_run(q)
+    index.lookup_run_outside(index, q)
     index.lookup_many(q)
     index.get(keys[0])
     index.count_held([0, 1])
@@ -125,6 +126,7 @@ class FlatIndex:
         self.slots = np.zeros(_MIN_TABLE, np.int64)
         self.count = 0          # entries in the table
         self._scratch = np.zeros(1, np.int64)
+        self._no_rows = np.zeros((0, self.words), np.uint64)
 
     # -- sizes ---------------------------------------------------------------
     def ensure_blocks(self, n: int) -> None:
@@ -278,17 +280,26 @@ class FlatIndex:
         """The blocks of the leading run of ``q``'s keys found."""
         return self.lookup_run_array(q).tolist()
 
+    def lookup_run_outside(self, other: FlatIndex, q: np.ndarray) -> tuple[np.ndarray, bool]:
+        """``lookup_run_array`` here, and whether ``other`` (an index of keys as wide) holds none of
+        the run's keys, in one pass."""
+        out = np.empty(q.shape[0], np.int64)
+        n = int(kernels.lookup_run_outside(self.slots, self.keys, other.slots, other.keys, q, out, self._scratch))
+        return (out[:n], True) if n >= 0 else (out[:-1 - n], False)
+
     def lookup_run_array(self, q: np.ndarray) -> np.ndarray:
         """``lookup_run`` as an int64 array."""
         out = np.empty(q.shape[0], np.int64)
         n = kernels.lookup_run(self.slots, self.keys, q, out, self._scratch)
         return out[:n]
 
-    def remove_blocks(self, blocks: Iterable[int], check: bool) -> int:
+    def remove_blocks(self, blocks: Iterable[int], check: bool, rows: np.ndarray | None = None) -> int:
         """Take the keys of ``blocks`` out; see ``kernels.remove_blocks``. Returns -1, or (check
-        failed: nothing changed) the index of the first block that holds no key in the table."""
+        failed: nothing changed) the index of the first block that holds no key in the table.
+        ``rows``: a ``[len(blocks), words]`` array to copy the keys removed into."""
         arr = as_block_array(blocks)
-        bad = int(kernels.remove_blocks(self.slots, self.keys, self.has, arr, check, self._scratch))
+        bad = int(kernels.remove_blocks(self.slots, self.keys, self.has, arr, check, self._scratch,
+                                        self._no_rows if rows is None else rows))
         if bad < 0:
             self.count -= arr.shape[0]
         return bad

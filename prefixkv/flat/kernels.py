@@ -117,6 +117,31 @@ def lookup_run(slots, keys, q, out, scratch):
 
 
 @_jit(nogil=True)
+def lookup_run_outside(slots, keys, other_slots, other_keys, q, out, scratch):
+    """``lookup_run`` here, and whether the other table (another tier's index of keys as wide)
+    holds none of that run's keys: returns the run's length, or -1 - it when the other table holds
+    one. Each key's tag is computed once for both tables."""
+    mask = slots.shape[0] - 1
+    tags, scratch[0] = _tags(q, mask, slots)
+    n = q.shape[0]
+    for i in range(q.shape[0]):
+        s = _probe(slots, keys, q, i, tags[i], mask)
+        if s < 0:
+            n = i
+            break
+        out[i] = (slots[s] & _BLOCK) - 1
+    other_mask = other_slots.shape[0] - 1
+    touched = np.int64(0)
+    for i in range(n):
+        touched += other_slots[tags[i] & other_mask]
+    scratch[0] += touched
+    for i in range(n):
+        if _probe(other_slots, other_keys, q, i, tags[i], other_mask) >= 0:
+            return -1 - n
+    return n
+
+
+@_jit(nogil=True)
 def insert_many(slots, keys, has, q, blocks, got, scratch):
     """``got[i] = setdefault(q[i], blocks[i])`` in order: a key found keeps its block (a later
     duplicate of a key inserted earlier in the batch finds that one); a new key goes in with its
@@ -187,8 +212,9 @@ def _slot_of_block(slots, block, tag, mask):
 
 
 @_jit(nogil=True)
-def remove_blocks(slots, keys, has, blocks, check, scratch):
-    """Take each block's key out of the table and clear its ``has`` flag. ``check``: first make
+def remove_blocks(slots, keys, has, blocks, check, scratch, rows):
+    """Take each block's key out of the table and clear its ``has`` flag, copying it to ``rows[i]``
+    when ``rows`` has rows (an eviction burst's keys for the tier below). ``check``: first make
     sure every block holds a key in the table and none is listed twice; if one does not, nothing
     changes and its index is returned. Returns -1 once done."""
     n = blocks.shape[0]
@@ -204,6 +230,10 @@ def remove_blocks(slots, keys, has, blocks, check, scratch):
     tags = np.empty(n, np.int64)
     for i in range(n):
         tags[i] = _tag(keys[blocks[i]])
+    if rows.shape[0]:
+        for i in range(n):
+            for j in range(keys.shape[1]):
+                rows[i, j] = keys[blocks[i], j]
     touched = np.int64(0)
     for i in range(n):
         touched += slots[tags[i] & mask]

@@ -306,11 +306,15 @@ class FlatBlockPool(BlockPool):
         if not k:
             return head
         victims = lru.pop(k)
-        self.index.remove_blocks(victims, False)
+        index = self.index
+        if self.on_evict_many is None:
+            index.remove_blocks(victims, False)
+        else:
+            rows = np.empty((k, index.words), np.uint64)      # the keys removed, for the tier below
+            index.remove_blocks(victims, False, rows)
         self.evictions += k
         if self.on_evict_many is not None:
-            # the removed blocks' key rows stay readable until the blocks take new keys
-            self.on_evict_many(victims, self.index.hashes_of(victims))
+            self.on_evict_many(victims, HashRows(rows))
         return np.concatenate((head, victims)) if len(head) else victims
 
     def allocate_run(self, n: int, num_tokens: int | None = None) -> np.ndarray:
