@@ -101,3 +101,17 @@ def test_an_explicit_worker_count_is_capped_at_the_number_of_cells(tmp_path, mon
     source = sweep_mod.TraceSource("m", (str(_tiny_mooncake(tmp_path / "m.jsonl")),), "mooncake")
     results = sweep_mod.sweep([source], ["lru"], {"m": [3, 5]}, workers=8)
     assert len(results) == 2 and sizes == [2]
+
+
+# -- Mooncake session inference ---------------------------------------------------------------------
+
+def test_inferred_mooncake_turns_count_the_sessions_requests(tmp_path):
+    # The turn is the request's index in its session (SessionHint.turn, as the other loaders give
+    # it). Inferred sessions took the turn of the request they continue plus one, so a session
+    # that goes back to an earlier turn's prompt (a retry, an edited message) repeated turns:
+    # s0 read 0, 1, 1, 2 (conversation_trace.jsonl has 23 such sessions, one reading 0..5, 3, 4, 3, 3).
+    path = tmp_path / "m.jsonl"
+    rows = [(0, [1, 2]), (1, [1, 2, 3, 4]), (2, [1, 2, 5, 6]), (3, [1, 2, 5, 6, 7, 8])]
+    path.write_text("".join(json.dumps({"timestamp": ts, "input_length": 512 * len(ids), "output_length": 1,
+                                        "hash_ids": ids}) + "\n" for ts, ids in rows))
+    assert [(r.session, r.turn) for r in load_trace(path)] == [("s0", 0), ("s0", 1), ("s0", 2), ("s0", 3)]

@@ -14,7 +14,7 @@ partly filled one: ``len(hash_ids) == ceil(input_length / 512)``. The ids are
 kept as they are (ints), partial-block id included; ``KVCacheManager.prompt_from_hashes``
 accepts that shape. Mooncake has no session ids: ``infer_sessions`` gives each request
 one from the hash chains (a request containing an earlier request's whole chain of full
-blocks continues its session, ``turn`` + 1).
+blocks continues its session; ``turn`` counts the session's requests).
 
 **kv-cache-tester JSON** (``load_kvcache_tester``), WEKA's agentic coding
 sessions. One JSON document per conversation::
@@ -367,15 +367,18 @@ def infer_sessions(requests: Sequence[TraceRequest], block_size: int) -> None:
 
     A request whose chain contains an earlier request's whole chain of full blocks
     (that request's last full block id at the same position: ids are prefix hashes)
-    continues that request's session, at its turn + 1; the longest such earlier
-    chain wins. A block that two sessions have used (a shared system prompt) ends
-    no session: a request made of the shared prompt alone would otherwise adopt
-    every later conversation. Otherwise the request starts session ``"s<k>"`` at
+    continues that request's session; the longest such earlier chain wins. Its
+    ``turn`` is its index among the session's requests (a session that goes back to
+    an earlier turn's prompt, a retry or an edited message, still counts on). A
+    block that two sessions have used (a shared system prompt) ends no session: a
+    request made of the shared prompt alone would otherwise adopt every later
+    conversation. Otherwise the request starts session ``"s<k>"`` at
     turn 0. Only the past is used, so it is what a server could infer online.
     Requests that already have a session, or have token ids, are left as they are.
     """
-    ends: dict = {}          # last full block id of a request -> (session, turn)
+    ends: dict = {}          # last full block id of a request -> its session
     owner: dict = {}         # block id -> the one session that used it, or _SHARED
+    turns: dict = {}         # session -> requests it has had
     fresh = 0
     for r in requests:
         ids = r.block_hashes
@@ -389,17 +392,17 @@ def infer_sessions(requests: Sequence[TraceRequest], block_size: int) -> None:
                 break
             found = None
         if found is None:
-            r.session, r.turn = f"s{fresh}", 0
+            found = f"s{fresh}"
             fresh += 1
-        else:
-            r.session, r.turn = found[0], found[1] + 1
-        session = r.session
+        session = r.session = found
+        r.turn = turns.get(session, 0)
+        turns[session] = r.turn + 1
         for h in ids:
             seen = owner.setdefault(h, session)
             if seen is not session and seen != session:
                 owner[h] = _SHARED
         if full:
-            ends[ids[full - 1]] = (session, r.turn)
+            ends[ids[full - 1]] = session
 
 
 _SHARED = object()
