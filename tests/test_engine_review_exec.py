@@ -349,3 +349,24 @@ def test_hf_engine_refuses_sequences_past_a_window_the_model_applies_only_throug
         engine.run()
     assert engine.requests[rid].status is RequestStatus.FAILED
     assert_clean(engine)
+
+
+# -- the executor -------------------------------------------------------------------
+
+
+def test_executor_refuses_an_unknown_block_op_before_moving_any_block(model):
+    """Any kind that was not swap_out/demote/swap_in/load ran as a device copy: a misspelt
+    'swapin' from another scheduler copied device blocks at host indices, silently."""
+    from prefixkv.engine.plan import BlockOp, StepPlan
+
+    engine = engine_for(model)
+    store = engine.executor.kv_store
+    before = store.k[0].clone() if hasattr(store, "k") else None
+    calls = []
+    store.copy_blocks = lambda pairs: calls.append(pairs)
+    plan = StepPlan(step=0, block_size=B, block_ops=(BlockOp("copy", ((1, 2),)), BlockOp("swapin", ((0, 1),))))
+    with pytest.raises(ValueError, match="swapin"):
+        engine.executor.execute(plan)
+    assert calls == []
+    if before is not None:
+        assert torch.equal(store.k[0], before)

@@ -20,6 +20,10 @@ from .plan import StepOutput, StepPlan
 from .sampling import sample
 
 
+_BLOCK_OP_METHODS = {"swap_out": "swap_out", "demote": "demote", "swap_in": "swap_in", "load": "load",
+                     "copy": "copy_blocks"}
+
+
 class ModelExecutor:
     def __init__(self, model, kv_store: KVStore, *, impl: str = "auto",
                  timer: Callable[[], float] = time.perf_counter) -> None:
@@ -36,17 +40,13 @@ class ModelExecutor:
 
     def run_block_ops(self, plan: StepPlan) -> None:
         store = self.kv_store
+        # Every kind is checked before any block moves (an unknown one used to run as a device copy).
+        unknown = [op.kind for op in plan.block_ops if op.kind not in _BLOCK_OP_METHODS]
+        if unknown:
+            raise ValueError(f"step {plan.step}: unknown block op kind {unknown[0]!r} "
+                             f"(expected one of {', '.join(_BLOCK_OP_METHODS)})")
         for op in plan.block_ops:
-            if op.kind == "swap_out":
-                store.swap_out(op.pairs)
-            elif op.kind == "demote":
-                store.demote(op.pairs)
-            elif op.kind == "swap_in":
-                store.swap_in(op.pairs)
-            elif op.kind == "load":
-                store.load(op.pairs)
-            else:
-                store.copy_blocks(op.pairs)
+            getattr(store, _BLOCK_OP_METHODS[op.kind])(op.pairs)
 
     def forward(self, plan: StepPlan) -> torch.Tensor:
         """Logits ``[requests that sample, vocab]`` of one packed forward."""
