@@ -280,7 +280,7 @@ class KVCacheManager:
             keys = hashes
             if self.pool._index_stores_hashes and len(hashes) > 1:
                 try:
-                    keys = HashRows(self.pool.index.column(hashes))
+                    keys = HashRows.tagged(self.pool.index.column(hashes))
                 except (TypeError, ValueError):     # not this index's digests: none is cached here
                     pass
             prompt.keys = keys
@@ -328,7 +328,8 @@ class KVCacheManager:
             # both indexes flat: the host's run and the device's absence from it in one pass
             if host.pool.lookup(hashes[start]) is None:
                 return _NO_LOWER
-            run, outside = host.pool.index.lookup_run_outside(self.pool.index, keys.rows[start:limit])
+            run, outside = host.pool.index.lookup_run_outside(self.pool.index, keys.rows[start:limit],
+                                                              keys.tags[start:limit])
         else:
             run = host.pool.leading_run(keys, start, limit)
             outside = None
@@ -470,7 +471,11 @@ class KVCacheManager:
         pool.acquire_hits(device, distinct=True)
         if num_loads:
             # before the device allocates: its demotions must not take them
-            self.host.pin(sources, distinct=True)
+            keys = prompt.keys
+            if type(indices) is range and type(keys) is HashRows and keys.tags is not None:
+                self.host.pin(sources, distinct=True, tags=keys.tags[indices.start:indices.stop])
+            else:
+                self.host.pin(sources, distinct=True)
         num_hits = len(hits)
         size = self.block_size
         try:

@@ -78,19 +78,29 @@ def _warm(words: int) -> None:
 class HashRows(Sequence):
     """Digests as rows of a ``[n, words]`` uint64 array, read as ``bytes`` one by one: what an
     eviction burst hands to a tier below, so a flat index there takes the rows as they are
-    (``FlatIndex.column``) and nobody makes a ``bytes`` per block unless they read it."""
+    (``FlatIndex.column``) and nobody makes a ``bytes`` per block unless they read it. ``tags``:
+    each row's tag in the table (``kernels._tag``), when known, so an index probing the rows again
+    does not mix them again."""
 
-    __slots__ = ("rows",)
+    __slots__ = ("rows", "tags")
 
-    def __init__(self, rows: np.ndarray) -> None:
+    def __init__(self, rows: np.ndarray, tags: np.ndarray | None = None) -> None:
         self.rows = rows
+        self.tags = tags
+
+    @classmethod
+    def tagged(cls, rows: np.ndarray) -> HashRows:
+        """Rows with their tags computed now (rows an index will probe more than once)."""
+        tags = np.empty(rows.shape[0], np.int64)
+        kernels.tags_of(rows, tags)
+        return cls(rows, tags)
 
     def __len__(self) -> int:
         return self.rows.shape[0]
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return HashRows(self.rows[i])
+            return HashRows(self.rows[i], None if self.tags is None else self.tags[i])
         return self.rows[i].tobytes()
 
     def __iter__(self):
@@ -127,6 +137,7 @@ class FlatIndex:
         self.count = 0          # entries in the table
         self._scratch = np.zeros(1, np.int64)
         self._no_rows = np.zeros((0, self.words), np.uint64)
+        self._no_tags = np.zeros(0, np.int64)
 
     # -- sizes ---------------------------------------------------------------
     def ensure_blocks(self, n: int) -> None:
@@ -260,46 +271,55 @@ class FlatIndex:
         the kernel reads ``blocks[i]`` for every key, unchecked)."""
         return self.insert_array(q, as_block_array(blocks)).tolist()
 
-    def insert_array(self, q: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        """``setdefault_many`` of an int64 array, as one."""
+    def _given(self, tags: np.ndarray | None, n: int) -> np.ndarray:
+        return tags[:n] if tags is not None and tags.shape[0] >= n else self._no_tags
+
+    def insert_array(self, q: np.ndarray, blocks: np.ndarray, tags: np.ndarray | None = None) -> np.ndarray:
+        """``setdefault_many`` of an int64 array, as one (``tags``: the keys' tags, when known)."""
         n = min(q.shape[0], blocks.shape[0])
         if n != q.shape[0] or n != blocks.shape[0]:
             q, blocks = q[:n], blocks[:n]
         self._reserve(n)
         got = np.empty(n, np.int64)
-        self.count += int(kernels.insert_many(self.slots, self.keys, self.has, q, blocks, got, self._scratch))
+        self.count += int(kernels.insert_many(self.slots, self.keys, self.has, q, self._given(tags, n), blocks, got,
+                                              self._scratch))
         return got
 
-    def lookup_many(self, q: np.ndarray) -> np.ndarray:
+    def lookup_many(self, q: np.ndarray, tags: np.ndarray | None = None) -> np.ndarray:
         """Per key: its block, or -1."""
         out = np.empty(q.shape[0], np.int64)
-        kernels.lookup_many(self.slots, self.keys, q, out, self._scratch)
+        kernels.lookup_many(self.slots, self.keys, q, self._given(tags, q.shape[0]), out, self._scratch)
         return out
 
-    def lookup_run(self, q: np.ndarray) -> list[int]:
+    def lookup_run(self, q: np.ndarray, tags: np.ndarray | None = None) -> list[int]:
         """The blocks of the leading run of ``q``'s keys found."""
-        return self.lookup_run_array(q).tolist()
+        return self.lookup_run_array(q, tags).tolist()
 
-    def lookup_run_outside(self, other: FlatIndex, q: np.ndarray) -> tuple[np.ndarray, bool]:
+    def lookup_run_outside(self, other: FlatIndex, q: np.ndarray,
+                           tags: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
         """``lookup_run_array`` here, and whether ``other`` (an index of keys as wide) holds none of
         the run's keys, in one pass."""
         out = np.empty(q.shape[0], np.int64)
-        n = int(kernels.lookup_run_outside(self.slots, self.keys, other.slots, other.keys, q, out, self._scratch))
+        n = int(kernels.lookup_run_outside(self.slots, self.keys, other.slots, other.keys, q,
+                                           self._given(tags, q.shape[0]), out, self._scratch))
         return (out[:n], True) if n >= 0 else (out[:-1 - n], False)
 
-    def lookup_run_array(self, q: np.ndarray) -> np.ndarray:
+    def lookup_run_array(self, q: np.ndarray, tags: np.ndarray | None = None) -> np.ndarray:
         """``lookup_run`` as an int64 array."""
         out = np.empty(q.shape[0], np.int64)
-        n = kernels.lookup_run(self.slots, self.keys, q, out, self._scratch)
+        n = kernels.lookup_run(self.slots, self.keys, q, self._given(tags, q.shape[0]), out, self._scratch)
         return out[:n]
 
-    def remove_blocks(self, blocks: Iterable[int], check: bool, rows: np.ndarray | None = None) -> int:
+    def remove_blocks(self, blocks: Iterable[int], check: bool, rows: np.ndarray | None = None,
+                      tags: np.ndarray | None = None, tags_out: np.ndarray | None = None) -> int:
         """Take the keys of ``blocks`` out; see ``kernels.remove_blocks``. Returns -1, or (check
         failed: nothing changed) the index of the first block that holds no key in the table.
-        ``rows``: a ``[len(blocks), words]`` array to copy the keys removed into."""
+        ``rows`` / ``tags_out``: arrays to copy the keys removed and their tags into; ``tags``: the
+        keys' tags, when known."""
         arr = as_block_array(blocks)
         bad = int(kernels.remove_blocks(self.slots, self.keys, self.has, arr, check, self._scratch,
-                                        self._no_rows if rows is None else rows))
+                                        self._no_rows if rows is None else rows, self._given(tags, arr.shape[0]),
+                                        self._no_tags if tags_out is None else tags_out))
         if bad < 0:
             self.count -= arr.shape[0]
         return bad

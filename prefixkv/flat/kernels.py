@@ -5,7 +5,7 @@ The table is open addressing with linear probing. ``slots[s]`` is 0 (empty) or
 slot is ``tag & mask``: a probe compares tags before it reads a key (``keys[block]``, stored once,
 with its block), and deleting or rehashing never reads a key at all. Deletion shifts the
 following run back (no tombstones), so a table never degrades however many evictions it has seen.
-Loops over a batch first compute every home and touch every home slot (independent loads the
+Loops over a batch first compute every home and, in tables past the caches, touch every home slot (independent loads the
 CPU overlaps: at 1M blocks each is a cache miss), then probe; the touches' sum goes to
 ``scratch[0]`` so that the compiler keeps them.
 ``has[block]`` is 1 while the block holds its key, in the table or not (see ``FlatIndex``).
@@ -60,16 +60,45 @@ def _same(keys, block, q, i):
 
 
 @_jit(nogil=True)
-def _tags(rows, mask, slots):
-    """Every row's tag; touches each home slot first (see the module docstring)."""
-    n = rows.shape[0]
-    tags = np.empty(n, np.int64)
-    for i in range(n):
-        tags[i] = _tag(rows[i])
+def tags_of(rows, out):
+    """Every row's tag into ``out`` (a batch of keys probed more than once keeps them)."""
+    for i in range(rows.shape[0]):
+        out[i] = _tag(rows[i])
+
+
+# Tables up to this many slots (256 KiB) stay in the caches between batches: touching their home
+# slots first would only add a pass.
+_TOUCH_FROM = 1 << 15
+
+
+@_jit(nogil=True, inline="always")
+def _touch(slots, tags, n, mask):
+    """Load the home slot of each of the first ``n`` tags (see the module docstring); their sum."""
     touched = np.int64(0)
-    for i in range(n):
-        touched += slots[tags[i] & mask]
-    return tags, touched
+    if slots.shape[0] >= _TOUCH_FROM:
+        for i in range(n):
+            touched += slots[tags[i] & mask]
+    return touched
+
+
+@_jit(nogil=True)
+def _block_tags(keys, blocks, out):
+    """The tag of each block's key into ``out``."""
+    for i in range(blocks.shape[0]):
+        out[i] = _tag(keys[blocks[i]])
+
+
+@_jit(nogil=True)
+def _tags(rows, given, mask, slots):
+    """Every row's tag (``given`` when it has one per row: computed before); touches each home slot
+    first (see the module docstring)."""
+    n = rows.shape[0]
+    if given.shape[0] == n:
+        tags = given
+    else:
+        tags = np.empty(n, np.int64)
+        tags_of(rows, tags)     # (a call: mixed in here, the loop compiled four times slower)
+    return tags, _touch(slots, tags, n, mask)
 
 
 @_jit(nogil=True, inline="always")
@@ -93,10 +122,10 @@ def find_slot(slots, keys, q, i):
 
 
 @_jit(nogil=True)
-def lookup_many(slots, keys, q, out, scratch):
+def lookup_many(slots, keys, q, given, out, scratch):
     """``out[i]``: the block holding ``q[i]``, or -1."""
     mask = slots.shape[0] - 1
-    tags, touched = _tags(q, mask, slots)
+    tags, touched = _tags(q, given, mask, slots)
     for i in range(q.shape[0]):
         s = _probe(slots, keys, q, i, tags[i], mask)
         out[i] = (slots[s] & _BLOCK) - 1 if s >= 0 else -1
@@ -104,10 +133,10 @@ def lookup_many(slots, keys, q, out, scratch):
 
 
 @_jit(nogil=True)
-def lookup_run(slots, keys, q, out, scratch):
+def lookup_run(slots, keys, q, given, out, scratch):
     """The blocks of ``q``'s leading run of hits into ``out``; returns the run's length."""
     mask = slots.shape[0] - 1
-    tags, scratch[0] = _tags(q, mask, slots)
+    tags, scratch[0] = _tags(q, given, mask, slots)
     for i in range(q.shape[0]):
         s = _probe(slots, keys, q, i, tags[i], mask)
         if s < 0:
@@ -117,12 +146,12 @@ def lookup_run(slots, keys, q, out, scratch):
 
 
 @_jit(nogil=True)
-def lookup_run_outside(slots, keys, other_slots, other_keys, q, out, scratch):
+def lookup_run_outside(slots, keys, other_slots, other_keys, q, given, out, scratch):
     """``lookup_run`` here, and whether the other table (another tier's index of keys as wide)
     holds none of that run's keys: returns the run's length, or -1 - it when the other table holds
     one. Each key's tag is computed once for both tables."""
     mask = slots.shape[0] - 1
-    tags, scratch[0] = _tags(q, mask, slots)
+    tags, scratch[0] = _tags(q, given, mask, slots)
     n = q.shape[0]
     for i in range(q.shape[0]):
         s = _probe(slots, keys, q, i, tags[i], mask)
@@ -131,10 +160,7 @@ def lookup_run_outside(slots, keys, other_slots, other_keys, q, out, scratch):
             break
         out[i] = (slots[s] & _BLOCK) - 1
     other_mask = other_slots.shape[0] - 1
-    touched = np.int64(0)
-    for i in range(n):
-        touched += other_slots[tags[i] & other_mask]
-    scratch[0] += touched
+    scratch[0] += _touch(other_slots, tags, n, other_mask)
     for i in range(n):
         if _probe(other_slots, other_keys, q, i, tags[i], other_mask) >= 0:
             return -1 - n
@@ -142,13 +168,13 @@ def lookup_run_outside(slots, keys, other_slots, other_keys, q, out, scratch):
 
 
 @_jit(nogil=True)
-def insert_many(slots, keys, has, q, blocks, got, scratch):
+def insert_many(slots, keys, has, q, given, blocks, got, scratch):
     """``got[i] = setdefault(q[i], blocks[i])`` in order: a key found keeps its block (a later
     duplicate of a key inserted earlier in the batch finds that one); a new key goes in with its
     block, whose ``keys`` row and ``has`` flag are written. Returns the number inserted. The
     caller keeps the table at most half full after the batch."""
     mask = slots.shape[0] - 1
-    tags, scratch[0] = _tags(q, mask, slots)
+    tags, scratch[0] = _tags(q, given, mask, slots)
     inserted = 0
     for i in range(q.shape[0]):
         s = _probe(slots, keys, q, i, tags[i], mask)
@@ -212,11 +238,12 @@ def _slot_of_block(slots, block, tag, mask):
 
 
 @_jit(nogil=True)
-def remove_blocks(slots, keys, has, blocks, check, scratch, rows):
+def remove_blocks(slots, keys, has, blocks, check, scratch, rows, given, tags_out):
     """Take each block's key out of the table and clear its ``has`` flag, copying it to ``rows[i]``
-    when ``rows`` has rows (an eviction burst's keys for the tier below). ``check``: first make
-    sure every block holds a key in the table and none is listed twice; if one does not, nothing
-    changes and its index is returned. Returns -1 once done."""
+    and its tag to ``tags_out[i]`` when those have rows (an eviction burst's keys for the tier
+    below). ``given``: the keys' tags, when known (one per block), so the keys are not read.
+    ``check``: first make sure every block holds a key in the table and none is listed twice; if
+    one does not, nothing changes and its index is returned. Returns -1 once done."""
     n = blocks.shape[0]
     mask = slots.shape[0] - 1
     if check:
@@ -227,16 +254,19 @@ def remove_blocks(slots, keys, has, blocks, check, scratch, rows):
                     has[blocks[k]] = 1
                 return i
             has[b] = 2       # seen: a second listing fails the check above
-    tags = np.empty(n, np.int64)
-    for i in range(n):
-        tags[i] = _tag(keys[blocks[i]])
+    if given.shape[0] == n:
+        tags = given
+    else:
+        tags = np.empty(n, np.int64)
+        _block_tags(keys, blocks, tags)
+    if tags_out.shape[0]:
+        for i in range(n):
+            tags_out[i] = tags[i]
     if rows.shape[0]:
         for i in range(n):
             for j in range(keys.shape[1]):
                 rows[i, j] = keys[blocks[i], j]
-    touched = np.int64(0)
-    for i in range(n):
-        touched += slots[tags[i] & mask]
+    touched = _touch(slots, tags, n, mask)
     for i in range(n):
         b = blocks[i]
         _delete_slot(slots, _slot_of_block(slots, b, tags[i], mask))

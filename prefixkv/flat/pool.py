@@ -30,6 +30,13 @@ MAX_BLOCKS = 2**32 - 2
 _NO_FLAGS = np.zeros(0, np.uint8)
 
 
+def _tags(hashes, start: int, stop: int) -> np.ndarray | None:
+    """The index tags of ``hashes[start:stop]``, when ``hashes`` are rows that carry them."""
+    if type(hashes) is HashRows and hashes.tags is not None:
+        return hashes.tags[start:stop]
+    return None
+
+
 def _as_blocks(blocks) -> np.ndarray:
     return index_blocks(blocks if isinstance(blocks, (list, np.ndarray)) else list(blocks))
 
@@ -159,7 +166,7 @@ class FlatBlockPool(BlockPool):
             q = self.index.column(hashes[start:limit])
         except (TypeError, ValueError):     # not all digests of this width: none of those is cached
             return super().leading_hits(hashes, start, limit)
-        return self.index.lookup_run(q)
+        return self.index.lookup_run(q, _tags(hashes, start, limit))
 
     def leading_run(self, hashes: Sequence[Hashable], start: int, limit: int) -> np.ndarray:
         """``leading_hits`` as an int64 array."""
@@ -169,7 +176,7 @@ class FlatBlockPool(BlockPool):
             q = self.index.column(hashes[start:limit])
         except (TypeError, ValueError):     # not all digests of this width: none of those is cached
             return index_blocks(super().leading_hits(hashes, start, limit))
-        return self.index.lookup_run_array(q)
+        return self.index.lookup_run_array(q, _tags(hashes, start, limit))
 
     def holds_none(self, hashes: Iterable[Hashable]) -> bool:
         if type(hashes) is not HashRows:
@@ -180,7 +187,7 @@ class FlatBlockPool(BlockPool):
             q = self.index.column(hashes)
         except (TypeError, ValueError):
             return super().holds_none(hashes)
-        return int(self.index.lookup_many(q).max()) < 0
+        return int(self.index.lookup_many(q, _tags(hashes, 0, len(hashes))).max()) < 0
 
     def num_unused_cached(self) -> int | None:
         reused = self._reused
@@ -278,13 +285,15 @@ class FlatBlockPool(BlockPool):
             blocks_in_order = arr.tolist()
         super()._release(blocks_in_order, priority, all_cached)
 
-    def take_cached(self, blocks: list[int], *, distinct: bool = False) -> None:
+    def take_cached(self, blocks: list[int], *, distinct: bool = False, tags: np.ndarray | None = None) -> None:
+        """``tags``: the tags of the blocks' keys in the index (``HashRows.tags`` of the hashes they
+        were found by), when the caller has them."""
         lru = self._compiled()
         if lru is not None and not self._duplicates:
             arr = _as_blocks(blocks)
             if arr.shape[0] and lru_kernels.acquire_evictable(np.frombuffer(self.ref_count, np.int64), lru.prev,
                                                               lru.nxt, lru.ends, arr, _NO_FLAGS):
-                self.index.remove_blocks(arr, False)      # evictable: each holds its key
+                self.index.remove_blocks(arr, False, tags=tags)      # evictable: each holds its key
                 self.forgotten += arr.shape[0]
                 return
             blocks = arr.tolist()
@@ -310,11 +319,12 @@ class FlatBlockPool(BlockPool):
         if self.on_evict_many is None:
             index.remove_blocks(victims, False)
         else:
-            rows = np.empty((k, index.words), np.uint64)      # the keys removed, for the tier below
-            index.remove_blocks(victims, False, rows)
+            # the keys removed, and their tags, for the tier below
+            rows, tags = np.empty((k, index.words), np.uint64), np.empty(k, np.int64)
+            index.remove_blocks(victims, False, rows, tags_out=tags)
         self.evictions += k
         if self.on_evict_many is not None:
-            self.on_evict_many(victims, HashRows(rows))
+            self.on_evict_many(victims, HashRows(rows, tags))
         return np.concatenate((head, victims)) if len(head) else victims
 
     def allocate_run(self, n: int, num_tokens: int | None = None) -> np.ndarray:
@@ -340,7 +350,7 @@ class FlatBlockPool(BlockPool):
             return index_blocks(self.cache_many(hashes, parents, depths))
         q = self.index.column(hashes, exact=not self.hashes_checked)
         blocks = self._claim_array(len(hashes), lru)
-        got = self.index.insert_array(q, blocks)
+        got = self.index.insert_array(q, blocks, _tags(hashes, 0, len(hashes)))
         new = got == blocks
         if new.all():
             primaries = blocks
@@ -362,7 +372,7 @@ class FlatBlockPool(BlockPool):
             arr = _as_blocks(blocks)
             n = min(arr.shape[0], len(hashes))
             q = self.index.column(hashes[:n], exact=not self.hashes_checked)
-            got = self.index.insert_array(q, arr[:n])
+            got = self.index.insert_array(q, arr[:n], _tags(hashes, 0, n))
             if not (got == arr[:n]).all():     # already cached: duplicates of their primaries
                 for block, h, primary in zip(arr[:n].tolist(), hashes, got.tolist()):
                     if primary != block:

@@ -79,13 +79,15 @@ class HostTier:
                     evictions=pool.evictions)
 
     # -- promotion -----------------------------------------------------------
-    def pin(self, blocks: list[int], *, distinct: bool = False) -> None:
+    def pin(self, blocks: list[int], *, distinct: bool = False, tags=None) -> None:
         """Hold blocks a load will read, so no demotion overwrites them before it has run.
         Exclusive: their hashes leave this tier now (the device holds them from the admission
         on); inclusive: they stay cached here. ``distinct``: no block is listed twice (a prefix
-        match's blocks)."""
+        match's blocks); ``tags``: a flat index's tags of their keys, when the caller has them."""
         if self.inclusive:
             self.pool.acquire_hits(blocks, distinct=distinct)
+        elif tags is not None:
+            self.pool.take_cached(blocks, distinct=distinct, tags=tags)
         else:
             self.pool.take_cached(blocks, distinct=distinct)
         self.hits += len(blocks)
