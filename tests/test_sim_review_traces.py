@@ -115,3 +115,57 @@ def test_inferred_mooncake_turns_count_the_sessions_requests(tmp_path):
     path.write_text("".join(json.dumps({"timestamp": ts, "input_length": 512 * len(ids), "output_length": 1,
                                         "hash_ids": ids}) + "\n" for ts, ids in rows))
     assert [(r.session, r.turn) for r in load_trace(path)] == [("s0", 0), ("s0", 1), ("s0", 2), ("s0", 3)]
+
+
+# -- memory -----------------------------------------------------------------------------------------
+
+def _traced_bytes(load):
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        trace = load()
+        gc.collect()
+        return trace, tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("fmt", ["kvcache-tester", "mooncake", "tokens"])
+def test_a_block_id_repeated_by_every_turn_is_held_once(tmp_path, fmt):
+    # Agentic sessions resend their whole prefix every turn: each request's hash ids repeat the
+    # previous request's. Every reference was its own int object (JSON parses each number anew,
+    # and the namespace offset made another), about 40 bytes a reference instead of a list slot's 8:
+    # the 26 MB weka-kv-cache-tester-more sample took 410 MB, and each sweep worker copied it. Token
+    # ids likewise (the built-in "large" workload: 326 MB for 8.7 M prompt tokens).
+    chains = [list(range(1, 40 * (i + 1) + 1)) for i in range(50)]          # 51,000 references
+    if fmt == "tokens":
+        path = tmp_path / "t.jsonl"
+        path.write_text("".join(json.dumps({"timestamp": i, "tokens": [1000 + x for x in ids], "output_length": 1})
+                                + "\n" for i, ids in enumerate(chains)))
+        trace, used = _traced_bytes(lambda: load_trace(path))
+        assert trace.input_tokens() == 51_000
+        assert used < 16 * 51_000, f"{used / 51_000:.1f} bytes per token"
+        assert [[x - 1000 for x in r.tokens] for r in trace] == chains
+        return
+    if fmt == "mooncake":
+        path = tmp_path / "m.jsonl"
+        path.write_text("".join(json.dumps({"timestamp": i, "input_length": 512 * len(ids), "output_length": 1,
+                                            "hash_ids": ids}) + "\n" for i, ids in enumerate(chains)))
+        load = lambda: load_trace(path)  # noqa: E731
+    else:
+        first = _conversation(tmp_path / "a.json", [_request(0.0)])
+        second = _conversation(tmp_path / "b.json", [_request(float(i), **{"in": 64 * len(ids), "hash_ids": ids})
+                                                     for i, ids in enumerate(chains)])
+        load = lambda: load_kvcache_tester([first, second])  # noqa: E731
+    trace, used = _traced_bytes(load)
+    refs = trace.num_block_accesses()
+    assert refs >= 51_000
+    assert used < 16 * refs, f"{used / refs:.1f} bytes per block reference"
+    # and the ids are the same values as before
+    ids = [r.block_hashes for r in trace if len(r.block_hashes) > 1]
+    offset = 0 if fmt == "mooncake" else 1 << 40
+    assert [[h - offset for h in x] for x in ids] == chains

@@ -321,6 +321,7 @@ def load_mooncake(path: str | os.PathLike, block_size: int = MOONCAKE_BLOCK_SIZE
     path = Path(path)
     requests: list[TraceRequest] = []
     append = requests.append
+    setdefault = {}.setdefault
     last_ts = -math.inf
     for lineno, raw in _iter_lines(path):
         obj = _loads_line(path, lineno, raw)
@@ -354,7 +355,8 @@ def load_mooncake(path: str | os.PathLike, block_size: int = MOONCAKE_BLOCK_SIZE
             raise TraceFormatError(path, lineno, f"timestamp {ts} ms is earlier than the previous "
                                                  f"request's {last_ts} ms (timestamps must not decrease)")
         last_ts = ts
-        append(TraceRequest(ts / 1000.0, n, out, ids))
+        # one int object per distinct id: a conversation's turns repeat its prefix's ids
+        append(TraceRequest(ts / 1000.0, n, out, list(map(setdefault, ids, ids))))
     if not requests:
         raise TraceFormatError(path, 1, "no requests: the file holds no request lines")
     infer_sessions(requests, block_size)
@@ -498,8 +500,9 @@ def load_kvcache_tester(paths: str | os.PathLike | Iterable[str | os.PathLike], 
     if first_local and any_global:
         # file 0's namespace (0 << 40) is the global ids' own: move its local ids to one no file uses
         base = len(files) << NAMESPACE_BITS
+        canon: dict = {}
         for r in first_local:
-            r.block_hashes = [base + h for h in r.block_hashes]
+            r.block_hashes = [canon.setdefault(h, base + h) for h in r.block_hashes]
     if not requests:
         where = files[0] if len(files) == 1 else files[0].parent
         raise TraceFormatError(where, 1, "no requests: every conversation's \"requests\" list is empty")
@@ -532,12 +535,12 @@ def _conversation(doc, index: int, offset: float, stem: str) -> tuple[int, list[
     session = session if isinstance(session, str) else stem
     out: list[TraceRequest] = []
     labels = {session: ()}                # session label -> JSON path of the entry that opened it
-    _walk(doc["requests"], ("requests",), size, base, offset, session, None, out, labels)
+    _walk(doc["requests"], ("requests",), size, base, offset, session, None, out, labels, {})
     return size, out, scope, labels
 
 
 def _walk(reqs, jpath: tuple, size: int, base: int, offset: float, session: str, parent: str | None,
-          out: list[TraceRequest], labels: dict) -> None:
+          out: list[TraceRequest], labels: dict, canon: dict) -> None:
     if type(reqs) is not list:
         raise _Problem(jpath, f"'requests' must be an array, got {_type_name(reqs)}")
     last_t = -math.inf
@@ -566,7 +569,7 @@ def _walk(reqs, jpath: tuple, size: int, base: int, offset: float, session: str,
                                      f"{_jpath_text(labels[label]) or 'the conversation'}: two sessions "
                                      "would merge into one (agent ids must differ within a conversation)")
             labels[label] = here
-            _walk(r["requests"], here + ("requests",), size, base, offset + t, label, session, out, labels)
+            _walk(r["requests"], here + ("requests",), size, base, offset + t, label, session, out, labels, canon)
             continue
         for key in ("in", "out", "hash_ids"):
             if key not in r:
@@ -597,7 +600,11 @@ def _walk(reqs, jpath: tuple, size: int, base: int, offset: float, session: str,
             if value is not None and (not _is_number(value) or value < 0):
                 raise _Problem(here, f"field {key!r} is {_type_name(value)} {_short(value)}, expected a number "
                                      "of seconds >= 0")
-        out.append(TraceRequest(offset + t, n, m, [base + h for h in ids] if base else ids,
+        # One int object per distinct id (``canon``): every turn resends its session's prefix, and
+        # an int apiece for each reference took five times the memory of the lists themselves.
+        setdefault = canon.setdefault
+        ids = [setdefault(h, base + h) for h in ids] if base else list(map(setdefault, ids, ids))
+        out.append(TraceRequest(offset + t, n, m, ids,
                                 session=session, kind=kind, parent=parent, stop=stop,
                                 api_time=None if api_time is None else float(api_time),
                                 think_time=None if think_time is None else float(think_time),
@@ -679,6 +686,7 @@ def load_token_trace(path: str | os.PathLike, block_size: int | None = None, *,
     header: dict = {}
     requests: list[TraceRequest] = []
     append = requests.append
+    setdefault = {}.setdefault
     last_ts = -math.inf
     first = True
     for lineno, raw in _iter_lines(path):
@@ -697,7 +705,7 @@ def load_token_trace(path: str | os.PathLike, block_size: int | None = None, *,
             continue
         first = False
         try:
-            append(_token_request(obj, last_ts))
+            append(_token_request(obj, last_ts, setdefault))
         except _Problem as problem:
             raise TraceFormatError(path, lineno, problem.message) from None
         last_ts = requests[-1].timestamp
@@ -712,7 +720,9 @@ def load_token_trace(path: str | os.PathLike, block_size: int | None = None, *,
     return Trace(requests, size, name, str(path), "tokens", header)
 
 
-def _token_request(obj: dict, last_ts: float) -> TraceRequest:
+def _token_request(obj: dict, last_ts: float, setdefault=None) -> TraceRequest:
+    """One request line; ``setdefault``, a dict's, holds one int object per distinct token id (a
+    session's turns resend its prefix: an int apiece took four times the memory of the lists)."""
     for key in ("timestamp", "tokens"):
         if key not in obj:
             raise _Problem((), f"missing field {key!r}")
@@ -768,6 +778,10 @@ def _token_request(obj: dict, last_ts: float) -> TraceRequest:
     if ts < last_ts:
         raise _Problem((), f"timestamp {ts} s is earlier than the previous request's {last_ts} s "
                            "(timestamps must not decrease)")
+    if setdefault is not None:
+        tokens = list(map(setdefault, tokens, tokens))
+        if out_tokens is not None:
+            out_tokens = list(map(setdefault, out_tokens, out_tokens))
     return TraceRequest(float(ts), len(tokens), out_len, None, tokens, out_tokens, salt, **labels, stop=stop,
                         turn=turn, **times)
 
