@@ -169,3 +169,27 @@ def test_a_block_id_repeated_by_every_turn_is_held_once(tmp_path, fmt):
     ids = [r.block_hashes for r in trace if len(r.block_hashes) > 1]
     offset = 0 if fmt == "mooncake" else 1 << 40
     assert [[h - offset for h in x] for x in ids] == chains
+
+
+# -- writing token traces -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("request_, words", [
+    # read back with other lengths: output_length 1 (from output_tokens), input_length 3 (from tokens)
+    (dict(input_length=3, output_length=5, tokens=[1, 2, 3], output_tokens=[7]), "output_length 5"),
+    (dict(input_length=10, output_length=1, tokens=[1, 2, 3]), "input_length 10"),
+    # written, then refused by load_token_trace
+    (dict(input_length=3, output_length=1, tokens=[1, 2, 2**40]), "'tokens'"),
+    (dict(input_length=3, output_length=-1, tokens=[1, 2, 3]), "'output_length'"),
+    (dict(input_length=3, output_length=1, tokens=[1, 2, 3], salt=True), "'salt'"),
+    (dict(input_length=3, output_length=1, tokens=[1, 2, 3], turn=-1), "'turn'"),
+    (dict(input_length=3, output_length=1, tokens=[1, 2, 3], api_time=-0.5), "'api_time'"),
+])
+def test_write_token_trace_refuses_what_would_not_read_back_the_same(tmp_path, request_, words):
+    from prefixkv.sim.traces import TraceRequest, write_token_trace
+
+    good = TraceRequest(0.0, 2, 1, tokens=[5, 6], output_tokens=[7])
+    path = tmp_path / "t.jsonl"
+    with pytest.raises(ValueError) as info:
+        write_token_trace(path, [good, TraceRequest(1.0, **request_)], block_size=4)
+    assert str(info.value).startswith("request 1: ") and words in str(info.value), str(info.value)
+    assert not path.exists() and list(tmp_path.iterdir()) == []

@@ -831,6 +831,17 @@ def write_token_trace(path: str | os.PathLike, requests: Iterable[TraceRequest],
                     obj["output_tokens"] = list(r.output_tokens)
                 else:
                     obj["output_length"] = r.output_length
+                # What load_token_trace would refuse, or read back with other lengths, is refused here.
+                try:
+                    _token_request(obj, -math.inf)
+                except _Problem as problem:
+                    raise ValueError(f"request {i}: {problem.message}") from None
+                if r.input_length != len(obj["tokens"]):
+                    raise ValueError(f"request {i}: input_length {r.input_length} contradicts its "
+                                     f"{len(obj['tokens'])} tokens")
+                if r.output_tokens is not None and r.output_length != len(obj["output_tokens"]):
+                    raise ValueError(f"request {i}: output_length {r.output_length} contradicts its "
+                                     f"{len(obj['output_tokens'])} output_tokens")
                 f.write(dumps(obj) + "\n")
         os.replace(tmp, path)
     except BaseException:
