@@ -192,6 +192,18 @@ def insert_many(slots, keys, has, q, given, blocks, got, scratch):
 
 
 @_jit(nogil=True)
+def insert_absent(slots, keys, has, q, given, blocks, got, scratch):
+    """``insert_many`` of keys none of which is in the table yet: returns -1 once done, or (one
+    is in: nothing changed) the index of the first key found. Each key is mixed once for both."""
+    mask = slots.shape[0] - 1
+    tags, scratch[0] = _tags(q, given, mask, slots)
+    for i in range(q.shape[0]):
+        if _probe(slots, keys, q, i, tags[i], mask) >= 0:
+            return i
+    return -1 - insert_many(slots, keys, has, q, tags, blocks, got, scratch)
+
+
+@_jit(nogil=True)
 def insert_one(slots, keys, has, q, block):
     """``insert_many`` of one key: the block holding ``q[0]`` after a setdefault."""
     mask = slots.shape[0] - 1

@@ -365,6 +365,32 @@ class FlatBlockPool(BlockPool):
         lru_kernels.append(lru.prev, lru.nxt, lru.ends, primaries)
         return blocks
 
+    def cache_new_run(self, hashes) -> np.ndarray | None:
+        """``cache_run`` of hashes none of which is cached here, taking free-uncached blocks, in one
+        compiled check-and-insert: None (nothing changed) when one is cached here, or when the
+        batch would evict or keep more than hashes and blocks (the caller takes the general way:
+        ``holds_none``, then ``cache_run``)."""
+        lru = self._compiled()
+        n = len(hashes)
+        if (lru is None or self._duplicates or self.verify or self._keep_chain or self._priority is not None
+                or not n or n > len(self._free)):
+            return None
+        q = self.index.column(hashes, exact=not self.hashes_checked)
+        blocks = self._free.pop(n)
+        got = self.index.insert_absent(q, blocks, _tags(hashes, 0, n))
+        if got is None:
+            self._free.push(blocks[::-1])       # back as they were
+            return None
+        new = got == blocks
+        if new.all():
+            primaries = blocks
+        else:     # a hash listed twice in the batch: its second copy is dropped again at once
+            primaries = blocks[new]
+            self._free.push(blocks[~new])
+        lru_kernels.fill(np.frombuffer(self.num_tokens, np.int64), blocks, self.block_size)
+        lru_kernels.append(lru.prev, lru.nxt, lru.ends, primaries)
+        return blocks
+
     def publish_many(self, blocks: list[int], hashes: list[Hashable], parents: Sequence[Hashable | None],
                      depths: Sequence[int]) -> None:
         if (self._compiled() is not None and not self.verify and not self._keep_chain

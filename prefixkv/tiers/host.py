@@ -120,6 +120,13 @@ class HostTier:
         pool = self.pool
         if not self.cache or not len(blocks):
             return BlockCopies()
+        fast = getattr(pool, "cache_new_run", None)
+        if fast is not None and (parents is None or not pool.keep_chain):
+            # (a flat pool: none of the hashes here and room in its free blocks, in one pass)
+            host_blocks = fast(hashes)
+            if host_blocks is not None:
+                self.stores += len(host_blocks)
+                return BlockCopies(blocks, host_blocks)
         if parents is None or depths is None:
             parents, depths = [None] * len(blocks), [0] * len(blocks)
         if not pool.holds_none(hashes):
