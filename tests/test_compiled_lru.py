@@ -143,3 +143,36 @@ def test_block_copies_read_as_the_list_of_pairs():
     assert BlockCopies() == [] and not BlockCopies()
     with pytest.raises(ValueError):
         BlockCopies([1], [])
+
+
+def _host_pool():
+    pool = FlatBlockPool(16, 4, CompiledLRU(), digest_size=16)
+    blocks = pool.allocate(8)
+    pool.release(blocks)                 # eight free-uncached blocks on the stack
+    pool.cache_run([bytes([100]) * 16], [None], [0])
+    return pool
+
+
+def test_cache_new_run_of_a_hash_already_here_changes_nothing():
+    pool = _host_pool()
+    before = pool.snapshot()
+    assert pool.cache_new_run([bytes([1]) * 16, bytes([100]) * 16]) is None
+    assert pool.snapshot() == before
+
+
+def test_cache_new_run_does_what_cache_run_does():
+    hashes = [bytes([i]) * 16 for i in (1, 2, 3)]
+    fast, slow = _host_pool(), _host_pool()
+    assert fast.cache_new_run(hashes).tolist() == slow.cache_run(hashes, [None] * 3, [0] * 3).tolist()
+    assert fast.snapshot() == slow.snapshot()
+    fast.check([])
+    twice = [bytes([7]) * 16, bytes([7]) * 16]          # a hash listed twice: the second copy dropped
+    assert fast.cache_new_run(twice).tolist() == slow.cache_run(twice, [None] * 2, [0] * 2).tolist()
+    assert fast.snapshot() == slow.snapshot()
+
+
+def test_cache_new_run_leaves_a_batch_it_cannot_place_from_free_blocks_to_the_checked_path():
+    pool = _host_pool()
+    before = pool.snapshot()
+    assert pool.cache_new_run([bytes([i]) * 16 for i in range(20, 40)]) is None     # more than 8 free
+    assert pool.snapshot() == before
