@@ -193,3 +193,31 @@ def test_write_token_trace_refuses_what_would_not_read_back_the_same(tmp_path, r
         write_token_trace(path, [good, TraceRequest(1.0, **request_)], block_size=4)
     assert str(info.value).startswith("request 1: ") and words in str(info.value), str(info.value)
     assert not path.exists() and list(tmp_path.iterdir()) == []
+
+
+# -- a key given twice ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["mooncake", "tokens", "kvcache-tester"])
+def test_a_key_given_twice_is_refused_not_read_as_the_last_one(tmp_path, fmt):
+    # JSON parsers keep the last of two equal keys: a request's first "hash_ids", or a
+    # conversation's first "requests" list, was silently dropped.
+    if fmt == "mooncake":
+        path = tmp_path / "m.jsonl"
+        path.write_text('{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [1]}\n'
+                        '{"timestamp": 1, "input_length": 512, "output_length": 1, "hash_ids": [2], '
+                        '"timestamp": 9}\n')
+        line, key = 2, "timestamp"
+    elif fmt == "tokens":
+        path = tmp_path / "t.jsonl"
+        path.write_text('{"prefixkv_trace": 1, "block_size": 4}\n'
+                        '{"timestamp": 0, "tokens": [1, 2], "output_length": 1, "tokens": [3]}\n')
+        line, key = 2, "tokens"
+    else:
+        path = tmp_path / "c.json"
+        path.write_text('{"id": "c", "block_size": 64,\n "requests": [{"t": 0, "in": 64, "out": 1, "hash_ids": [1]}],\n'
+                        ' "requests": []}\n')
+        line, key = 3, "requests"
+    with pytest.raises(TraceFormatError) as info:
+        load_trace(path)
+    assert str(info.value).startswith(f"{path}:{line}: ") and f"{key!r}" in str(info.value) \
+        and "twice" in str(info.value), str(info.value)

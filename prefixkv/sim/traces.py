@@ -71,9 +71,9 @@ An optional header object on the first line, then one request per line::
 
 Validation: every loader stops at the first problem with a
 :class:`TraceFormatError` naming the file and line ("file:line: problem"):
-bad JSON, a missing field, a wrong type, a negative length, a hash count that
-contradicts the length, a kv-cache-tester entry with both ``hash_ids`` and nested
-``requests``, or a timestamp earlier than the one before (traces
+bad JSON, a key given twice in one object, a missing field, a wrong type, a
+negative length, a hash count that contradicts the length, a kv-cache-tester
+entry with both ``hash_ids`` and nested ``requests``, or a timestamp earlier than the one before (traces
 are never re-sorted silently; inside a kv-cache-tester conversation the check
 is per level: a conversation's requests, and each sub-agent's).
 For a JSON document the line is the line of the offending request, and the
@@ -90,6 +90,7 @@ text is refused with its path and the line of the first undecodable byte.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -299,9 +300,36 @@ def _iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 yield lineno, raw
 
 
+class _DuplicateKey(Exception):
+    """Internal: a JSON object names ``key`` twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list) -> dict:
+    """``object_pairs_hook``: a JSON reader keeps the last of two equal keys, silently dropping the
+    first value (a request's hash ids, a conversation's requests); a trace names each key once."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+def _duplicate_key_problem(key: str) -> str:
+    return f"key {key!r} appears twice in one object: which of its values is meant is unknown"
+
+
 def _loads_line(path: Path, lineno: int, raw: bytes):
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise TraceFormatError(path, lineno, _duplicate_key_problem(exc.key)) from None
     except UnicodeDecodeError as exc:
         raise TraceFormatError(path, lineno, f"not UTF-8 text ({exc.reason}): is this a trace file?") from None
     except json.JSONDecodeError as exc:
@@ -470,9 +498,15 @@ def load_kvcache_tester(paths: str | os.PathLike | Iterable[str | os.PathLike], 
     for index, path in enumerate(files):
         text = _read_text(path)
         try:
-            doc = json.loads(text)
+            doc = json.loads(text, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as exc:
             raise _json_error(path, exc) from None
+        except _DuplicateKey as exc:
+            # best effort: the line of the key's second occurrence in the file
+            import re
+            found = list(itertools.islice(re.finditer(re.escape(json.dumps(exc.key)) + r"\s*:", text), 2))
+            line = text.count("\n", 0, found[-1].start()) + 1 if found else 1
+            raise TraceFormatError(path, line, _duplicate_key_problem(exc.key)) from None
         try:
             size, reqs, scope, labels = _conversation(doc, index, index * stagger, path.stem)
         except _Problem as problem:
