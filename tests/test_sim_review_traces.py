@@ -221,3 +221,17 @@ def test_a_key_given_twice_is_refused_not_read_as_the_last_one(tmp_path, fmt):
         load_trace(path)
     assert str(info.value).startswith(f"{path}:{line}: ") and f"{key!r}" in str(info.value) \
         and "twice" in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("where", ["id", "agent_id"])
+def test_a_conversation_or_agent_id_that_is_not_a_string_is_refused_not_replaced(tmp_path, where):
+    # "id": 5 silently became the file's stem, "agent_id": 7 the entry's index: the session
+    # labels no longer said which conversation or agent a request came from.
+    if where == "id":
+        path = _conversation(tmp_path / "c.json", [_request(0.0)], id=5)
+    else:
+        path = _conversation(tmp_path / "c.json", [
+            _request(0.0), {"t": 1.0, "type": "subagent", "agent_id": 7, "requests": [_request(0.0)]}])
+    with pytest.raises(TraceFormatError) as info:
+        load_trace(path)
+    assert str(info.value).startswith(f"{path}:1: ") and f"'{where}'" in str(info.value), str(info.value)

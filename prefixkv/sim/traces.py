@@ -34,8 +34,9 @@ with ``session`` ``"<conversation>/<agent_id>"`` and ``parent`` the
 conversation's session label. Each request keeps ``stop`` (why it ended:
 ``tool_use``, ``end_turn``, ``""``), ``api_time``, ``think_time`` and its
 ``turn`` (index among its session's requests); these are optional (null reads
-as absent), but a wrong type or a negative time is refused. Every session label
-must be unique: two files with one ``id``, two sub-agents of a conversation with
+as absent), but a wrong type or a negative time is refused. ``id`` and
+``agent_id`` must be strings; without one, a conversation is labelled by its
+file's stem and a sub-agent by its index. Every session label must be unique: two files with one ``id``, two sub-agents of a conversation with
 one ``agent_id``, or one file given twice are refused, since their requests would
 merge into one session.
 
@@ -566,7 +567,10 @@ def _conversation(doc, index: int, offset: float, stem: str) -> tuple[int, list[
         raise _Problem(("hash_id_scope",), f"hash_id_scope must be 'local' or 'global', got {_short(scope)}")
     base = 0 if scope == "global" else index << NAMESPACE_BITS
     session = doc.get("id")
-    session = session if isinstance(session, str) else stem
+    if session is not None and type(session) is not str:
+        raise _Problem(("id",), f"field 'id' is {_type_name(session)} {_short(session)}, expected a string "
+                                "(the conversation's session label)")
+    session = stem if session is None else session
     out: list[TraceRequest] = []
     labels = {session: ()}                # session label -> JSON path of the entry that opened it
     _walk(doc["requests"], ("requests",), size, base, offset, session, None, out, labels, {})
@@ -597,7 +601,10 @@ def _walk(reqs, jpath: tuple, size: int, base: int, offset: float, session: str,
                                  "an entry is one or the other")
         if "requests" in r:                                  # a sub-agent: flatten its requests
             agent = r.get("agent_id")
-            label = f"{session}/{agent if isinstance(agent, str) else i}"
+            if agent is not None and type(agent) is not str:
+                raise _Problem(here, f"field 'agent_id' is {_type_name(agent)} {_short(agent)}, expected a string "
+                                     "(the sub-agent's session label)")
+            label = f"{session}/{i if agent is None else agent}"
             if label in labels:
                 raise _Problem(here, f"sub-agent session {label!r} is already the session of "
                                      f"{_jpath_text(labels[label]) or 'the conversation'}: two sessions "
