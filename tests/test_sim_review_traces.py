@@ -235,3 +235,13 @@ def test_a_conversation_or_agent_id_that_is_not_a_string_is_refused_not_replaced
     with pytest.raises(TraceFormatError) as info:
         load_trace(path)
     assert str(info.value).startswith(f"{path}:1: ") and f"'{where}'" in str(info.value), str(info.value)
+
+
+def test_a_sweep_without_capacities_for_a_trace_names_it(tmp_path):
+    # A KeyError: 'b' came out of the sweep's checks, naming nothing.
+    from prefixkv.sim.sweep import TraceSource, sweep
+
+    path = str(_tiny_mooncake(tmp_path / "m.jsonl"))
+    sources = [TraceSource("a", (path,), "mooncake"), TraceSource("b", (path,), "mooncake")]
+    with pytest.raises(ValueError, match="no capacities for trace 'b'"):
+        sweep(sources, ["lru"], {"a": [3]}, workers=1)

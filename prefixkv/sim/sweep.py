@@ -228,6 +228,8 @@ def _check_axes(sources, policies, capacities, host_capacities) -> None:
     if twice is not None:
         raise ValueError(f"policy {twice!r} twice: every cell would run and be listed twice")
     for s in sources:
+        if s.label not in capacities:
+            raise ValueError(f"no capacities for trace {s.label!r} (capacities name {sorted(capacities)})")
         caps = capacities[s.label]
         if not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in caps):
             raise ValueError(f"capacities must be positive block counts, got {list(caps)} for {s.label}")
