@@ -146,33 +146,38 @@ def test_block_copies_read_as_the_list_of_pairs():
 
 
 def _host_pool():
-    pool = FlatBlockPool(16, 4, CompiledLRU(), digest_size=16)
-    blocks = pool.allocate(8)
-    pool.release(blocks)                 # eight free-uncached blocks on the stack
+    pool = FlatBlockPool(64, 4, CompiledLRU(), digest_size=16)
+    blocks = pool.allocate(40)
+    pool.release(blocks)                 # forty free-uncached blocks on the stack
     pool.cache_run([bytes([100]) * 16], [None], [0])
     return pool
+
+
+def _hashes(first, n):
+    return [bytes([first + i]) * 16 for i in range(n)]
 
 
 def test_cache_new_run_of_a_hash_already_here_changes_nothing():
     pool = _host_pool()
     before = pool.snapshot()
-    assert pool.cache_new_run([bytes([1]) * 16, bytes([100]) * 16]) is None
+    assert pool.cache_new_run(_hashes(1, 20) + [bytes([100]) * 16]) is None
     assert pool.snapshot() == before
 
 
 def test_cache_new_run_does_what_cache_run_does():
-    hashes = [bytes([i]) * 16 for i in (1, 2, 3)]
+    hashes = _hashes(1, 20)
     fast, slow = _host_pool(), _host_pool()
-    assert fast.cache_new_run(hashes).tolist() == slow.cache_run(hashes, [None] * 3, [0] * 3).tolist()
+    assert fast.cache_new_run(hashes).tolist() == list(slow.cache_run(hashes, [None] * 20, [0] * 20))
     assert fast.snapshot() == slow.snapshot()
     fast.check([])
-    twice = [bytes([7]) * 16, bytes([7]) * 16]          # a hash listed twice: the second copy dropped
-    assert fast.cache_new_run(twice).tolist() == slow.cache_run(twice, [None] * 2, [0] * 2).tolist()
+    twice = _hashes(30, 18) + [bytes([30]) * 16]       # a hash listed twice: the second copy dropped
+    assert fast.cache_new_run(twice).tolist() == list(slow.cache_run(twice, [None] * 19, [0] * 19))
     assert fast.snapshot() == slow.snapshot()
 
 
-def test_cache_new_run_leaves_a_batch_it_cannot_place_from_free_blocks_to_the_checked_path():
+def test_cache_new_run_leaves_other_batches_to_the_checked_path():
     pool = _host_pool()
     before = pool.snapshot()
-    assert pool.cache_new_run([bytes([i]) * 16 for i in range(20, 40)]) is None     # more than 8 free
+    assert pool.cache_new_run(_hashes(100, 50)) is None       # more than the 40 free blocks
+    assert pool.cache_new_run(_hashes(1, 3)) is None          # short: the list paths serve it
     assert pool.snapshot() == before

@@ -31,6 +31,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from prefixkv import KVCacheManager  # noqa: E402
 from prefixkv.errors import (HashMismatch, InvalidArgument, InvariantViolation, OutOfBlocks,  # noqa: E402
                              PolicyError)
+import prefixkv.flat.lru as flat_lru_module  # noqa: E402
+import prefixkv.flat.pool as flat_pool_module  # noqa: E402
 from prefixkv.flat.lru import CompiledLRU  # noqa: E402
 from prefixkv.flat.pool import FlatBlockPool  # noqa: E402
 from prefixkv.policies import SessionHint, available_policies, make_policy  # noqa: E402
@@ -392,12 +394,31 @@ class FastPathPair(PoolPair):
         self._setup(**params)
 
 
+class CompiledPathPair(FastPathPair):
+    """The fast-path machine with every batch, however short, through the compiled calls (they
+    serve batches of ``SMALL`` blocks or more; the machine's batches are shorter)."""
+
+    @initialize(num_blocks=st.one_of(st.integers(4, 12), st.integers(13, 40)), block_size=st.integers(1, 4),
+                policy=st.just("lru-compiled"), track_reuse=st.just(False), record_events=st.just(False),
+                keep_chain=st.booleans(), record_evictions=st.booleans())
+    def setup(self, **params):
+        self._small = (flat_pool_module.SMALL, flat_lru_module.SMALL)
+        flat_pool_module.SMALL = flat_lru_module.SMALL = 1
+        self._setup(**params)
+
+    def teardown(self):
+        if hasattr(self, "_small"):
+            flat_pool_module.SMALL, flat_lru_module.SMALL = self._small
+
+
 _SETTINGS = dict(stateful_step_count=40, deadline=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 PoolPair.TestCase.settings = settings(max_examples=150, **_SETTINGS)
 FastPathPair.TestCase.settings = settings(max_examples=120, **_SETTINGS)
 TestFlatPoolEqualsDictPool = PoolPair.TestCase
 TestFlatPoolEqualsDictPoolFastPaths = FastPathPair.TestCase
+CompiledPathPair.TestCase.settings = settings(max_examples=120, **_SETTINGS)
+TestFlatPoolEqualsDictPoolCompiledPaths = CompiledPathPair.TestCase
 
 
 # -- bad victims from evict_many -------------------------------------------------------------------

@@ -205,3 +205,31 @@ def fill(values, blocks, value):
     """``values[b] = value`` for each block."""
     for i in range(blocks.shape[0]):
         values[blocks[i]] = value
+
+
+_warmed = False
+
+
+def warm() -> None:
+    """Call every loop once on tiny arrays, so that loading them (from numba's cache, or compiling
+    them) happens when the first pool is built, not inside its first batches."""
+    global _warmed
+    if _warmed:
+        return
+    _warmed = True
+    import numpy as np
+    prev, nxt = np.full(4, OUT, np.int64), np.full(4, NONE, np.int64)
+    ends = np.array([NONE, NONE, 0], np.int64)
+    ref, has, no_flags = np.zeros(4, np.int64), np.ones(4, np.uint8), np.zeros(0, np.uint8)
+    blocks = np.arange(2, dtype=np.int64)
+    release_cached(ref, has, prev, nxt, ends, blocks)            # refcounts 0: refused, nothing changed
+    ref[:2] = 1
+    release_cached(ref, has, prev, nxt, ends, blocks)
+    acquire_evictable(ref, prev, nxt, ends, blocks, no_flags)
+    release_uncached(ref, has, blocks)
+    append(prev, nxt, ends, blocks)
+    unlink(prev, nxt, ends, blocks[:1])
+    out = np.empty(1, np.int64)
+    order(prev, nxt, ends, out)
+    pop_front(prev, nxt, ends, out)
+    fill(ref, blocks, 0)

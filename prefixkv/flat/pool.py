@@ -21,7 +21,7 @@ from ..errors import OutOfBlocks
 from ..pool import BlockPool
 from . import lru_kernels
 from .index import FlatIndex, HashRows, as_block_array as index_blocks
-from .lru import CompiledLRU
+from .lru import SMALL, CompiledLRU
 from .stack import FreeStack
 
 
@@ -35,6 +35,15 @@ def _tags(hashes, start: int, stop: int) -> np.ndarray | None:
     if type(hashes) is HashRows and hashes.tags is not None:
         return hashes.tags[start:stop]
     return None
+
+
+def _materialised(blocks):
+    """A batch of blocks as a list or an int64 array (an iterator read once)."""
+    return blocks if isinstance(blocks, (list, np.ndarray)) else list(blocks)
+
+
+def _block_list(blocks) -> list[int]:
+    return blocks.tolist() if isinstance(blocks, np.ndarray) else blocks
 
 
 def _as_blocks(blocks) -> np.ndarray:
@@ -133,10 +142,11 @@ class FlatBlockPool(BlockPool):
         self._lru = policy if type(policy) is CompiledLRU else None
         self._free = FreeStack()
 
-    def _compiled(self) -> CompiledLRU | None:
-        """The compiled LRU, when nothing needs a per-block step: no KV events, no reuse tracking,
-        no active duplicates."""
-        if self.events is None and self._reused is None and not self._duplicate_hash:
+    def _compiled(self, n: int = SMALL) -> CompiledLRU | None:
+        """The compiled LRU, for a batch of ``n`` blocks that a compiled call pays for (``SMALL`` or
+        more) when nothing needs a per-block step: no KV events, no reuse tracking, no active
+        duplicates. Shorter batches take the base class's paths (list speed)."""
+        if n >= SMALL and self.events is None and self._reused is None and not self._duplicate_hash:
             return self._lru
         return None
 
@@ -256,24 +266,25 @@ class FlatBlockPool(BlockPool):
 
     # -- batches in compiled calls (the LRU order in arrays) ----------------------
     def acquire_hits(self, blocks: Iterable[int], *, distinct: bool = False) -> None:
-        lru = self._compiled()
+        blocks = _materialised(blocks)
+        lru = self._compiled(len(blocks))
         if lru is not None:
             arr = _as_blocks(blocks)
-            if arr.shape[0] and lru_kernels.acquire_evictable(np.frombuffer(self.ref_count, np.int64), lru.prev,
-                                                              lru.nxt, lru.ends, arr, _NO_FLAGS):
+            prev, nxt, ends = lru.views()
+            if lru_kernels.acquire_evictable(np.frombuffer(self.ref_count, np.int64), prev, nxt, ends, arr,
+                                             _NO_FLAGS):
                 return
-            blocks = arr.tolist()
-        super().acquire_hits(blocks, distinct=distinct)
+        super().acquire_hits(_block_list(blocks), distinct=distinct)
 
     def _release(self, blocks_in_order: Iterable[int], priority: int, all_cached: bool = False) -> None:
-        lru = self._compiled()
+        blocks_in_order = _materialised(blocks_in_order)
+        lru = self._compiled(len(blocks_in_order))
         if lru is not None:
             arr = _as_blocks(blocks_in_order)
-            if not arr.shape[0]:
-                return
             ref = np.frombuffer(self.ref_count, np.int64)
             has = self.index.has
-            if lru_kernels.release_cached(ref, has, lru.prev, lru.nxt, lru.ends, arr):
+            prev, nxt, ends = lru.views()
+            if lru_kernels.release_cached(ref, has, prev, nxt, ends, arr):
                 if priority or self._priority is not None:
                     prio = self.priority
                     for block in arr.tolist():
@@ -282,22 +293,23 @@ class FlatBlockPool(BlockPool):
             if lru_kernels.release_uncached(ref, has, arr):
                 self._free.push(arr)
                 return
-            blocks_in_order = arr.tolist()
-        super()._release(blocks_in_order, priority, all_cached)
+        super()._release(_block_list(blocks_in_order), priority, all_cached)
 
     def take_cached(self, blocks: list[int], *, distinct: bool = False, tags: np.ndarray | None = None) -> None:
         """``tags``: the tags of the blocks' keys in the index (``HashRows.tags`` of the hashes they
         were found by), when the caller has them."""
-        lru = self._compiled()
+        blocks = _materialised(blocks)
+        lru = self._compiled(len(blocks))
         if lru is not None and not self._duplicates:
             arr = _as_blocks(blocks)
-            if arr.shape[0] and lru_kernels.acquire_evictable(np.frombuffer(self.ref_count, np.int64), lru.prev,
-                                                              lru.nxt, lru.ends, arr, _NO_FLAGS):
+            prev, nxt, ends = lru.views()
+            if lru_kernels.acquire_evictable(np.frombuffer(self.ref_count, np.int64), prev, nxt, ends, arr,
+                                             _NO_FLAGS):
+                del prev, nxt, ends
                 self.index.remove_blocks(arr, False, tags=tags)      # evictable: each holds its key
                 self.forgotten += arr.shape[0]
                 return
-            blocks = arr.tolist()
-        super().take_cached(blocks, distinct=distinct)
+        super().take_cached(_block_list(blocks), distinct=distinct)
 
     def _claim_array(self, n: int, lru: CompiledLRU) -> np.ndarray:
         """``_claim(n)`` as an int64 array, the victims taken from the compiled LRU in one call."""
@@ -327,11 +339,11 @@ class FlatBlockPool(BlockPool):
             self.on_evict_many(victims, HashRows(rows, tags))
         return np.concatenate((head, victims)) if len(head) else victims
 
-    def allocate_run(self, n: int, num_tokens: int | None = None) -> np.ndarray:
-        """``allocate`` as an int64 array."""
-        lru = self._compiled()
+    def allocate_run(self, n: int, num_tokens: int | None = None) -> Sequence[int]:
+        """``allocate``: an int64 array for a batch a compiled call pays for, else a list."""
+        lru = self._compiled(n)
         if lru is None or self._duplicates:
-            return index_blocks(super().allocate(n, num_tokens))
+            return super().allocate(n, num_tokens)
         out = self._claim_array(n, lru)
         lru_kernels.fill(np.frombuffer(self.ref_count, np.int64), out, 1)
         if num_tokens is not None:
@@ -339,15 +351,13 @@ class FlatBlockPool(BlockPool):
         return out
 
     def allocate(self, n: int, num_tokens: int | None = None) -> list[int]:
-        if self._compiled() is None or self._duplicates:
-            return super().allocate(n, num_tokens)
-        return self.allocate_run(n, num_tokens).tolist()
+        return _block_list(self.allocate_run(n, num_tokens))
 
-    def cache_run(self, hashes, parents, depths) -> np.ndarray:
-        """``cache_many`` as an int64 array."""
-        lru = self._compiled()
+    def cache_run(self, hashes, parents, depths) -> Sequence[int]:
+        """``cache_many``: an int64 array for a batch a compiled call pays for, else a list."""
+        lru = self._compiled(len(hashes))
         if lru is None or self._duplicates or self.verify or self._keep_chain:
-            return index_blocks(self.cache_many(hashes, parents, depths))
+            return self.cache_many(hashes, parents, depths)
         q = self.index.column(hashes, exact=not self.hashes_checked)
         blocks = self._claim_array(len(hashes), lru)
         got = self.index.insert_array(q, blocks, _tags(hashes, 0, len(hashes)))
@@ -362,7 +372,7 @@ class FlatBlockPool(BlockPool):
             prio = self._priority
             for block in primaries.tolist():
                 prio[block] = 0
-        lru_kernels.append(lru.prev, lru.nxt, lru.ends, primaries)
+        lru_kernels.append(*lru.views(), primaries)
         return blocks
 
     def cache_new_run(self, hashes) -> np.ndarray | None:
@@ -370,8 +380,8 @@ class FlatBlockPool(BlockPool):
         compiled check-and-insert: None (nothing changed) when one is cached here, or when the
         batch would evict or keep more than hashes and blocks (the caller takes the general way:
         ``holds_none``, then ``cache_run``)."""
-        lru = self._compiled()
         n = len(hashes)
+        lru = self._compiled(n)
         if (lru is None or self._duplicates or self.verify or self._keep_chain or self._priority is not None
                 or not n or n > len(self._free)):
             return None
@@ -388,13 +398,13 @@ class FlatBlockPool(BlockPool):
             primaries = blocks[new]
             self._free.push(blocks[~new])
         lru_kernels.fill(np.frombuffer(self.num_tokens, np.int64), blocks, self.block_size)
-        lru_kernels.append(lru.prev, lru.nxt, lru.ends, primaries)
+        lru_kernels.append(*lru.views(), primaries)
         return blocks
 
     def publish_many(self, blocks: list[int], hashes: list[Hashable], parents: Sequence[Hashable | None],
                      depths: Sequence[int]) -> None:
-        if (self._compiled() is not None and not self.verify and not self._keep_chain
-                and self._on_cached is None and len(blocks) > 1):
+        if (self._compiled(len(blocks)) is not None and not self.verify and not self._keep_chain
+                and self._on_cached is None):
             arr = _as_blocks(blocks)
             n = min(arr.shape[0], len(hashes))
             q = self.index.column(hashes[:n], exact=not self.hashes_checked)
