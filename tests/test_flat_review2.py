@@ -1,0 +1,100 @@
+"""Review of the compiled LRU / flat pool batches / host path (commits d90c6ff..b26d18d): each
+defect found, as a test that fails on the code reviewed (``xfail(strict=True)`` until fixed).
+
+The reference is always the dict pool with ``LRUPolicy`` (``index="dict"``) driven by the same calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+pytest.importorskip("numba")
+
+from prefixkv import KVCacheManager  # noqa: E402
+from prefixkv.flat.lru import CompiledLRU  # noqa: E402
+from prefixkv.flat.pool import FlatBlockPool  # noqa: E402
+from prefixkv.policies.lru import LRUPolicy  # noqa: E402
+from prefixkv.pool import BlockPool  # noqa: E402
+
+
+def _digest(i: int) -> bytes:
+    return hashlib.blake2b(b"review2-%d" % i, digest_size=16).digest()
+
+
+def _pools(num_blocks: int, block_size: int = 4):
+    """(dict pool with LRUPolicy, flat pool with CompiledLRU): what index='dict' / 'auto' build."""
+    return (BlockPool(num_blocks, block_size, LRUPolicy()),
+            FlatBlockPool(num_blocks, block_size, CompiledLRU(), digest_size=16))
+
+
+def _outcome(fn):
+    try:
+        return "ok", fn()
+    except Exception as exc:       # noqa: BLE001 - the kind of failure is what is compared
+        return type(exc).__name__
+
+
+# -- a prompt prepared by a flat manager, admitted by a dict manager with a host tier ------------------
+
+
+def _dict_manager_with_prefix_on_both_tiers(tokens):
+    """A dict-index manager (4 device blocks, a host tier) holding ``tokens``' first block on the
+    device and its next two blocks on the host (evicted there by a second prompt sharing block 0)."""
+    mgr = KVCacheManager(4, 4, hash_seed=0, index="dict", num_host_blocks=16, host_cache=True)
+    mgr.admit("a", tokens)
+    mgr.free("a")
+    mgr.admit("b", tokens[:4] + list(range(100, 112)))
+    mgr.free("b")
+    mgr.take_demotions()
+    mgr.take_loads()
+    return mgr
+
+
+@pytest.mark.xfail(strict=True, reason="manager._place passes tags= to HostTier.pin whenever Prompt.keys "
+                                       "are HashRows, but a dict host pool's take_cached takes no tags: "
+                                       "TypeError after the device hits were acquired")
+def test_dict_host_manager_admits_a_prompt_another_flat_manager_keyed():
+    """A Prompt keeps the digest rows the first (flat) manager joined for it (``Prompt.keys``), and any
+    manager with the same hasher settings may admit it. A dict-index manager with a host tier then
+    saw HashRows with tags and handed the tags to its host pool's ``take_cached`` (a ``BlockPool``,
+    which takes none): TypeError, raised after ``acquire_hits`` pinned the device hits, so the failed
+    admission left a device block held by no sequence. It must admit as for its own prompt."""
+    tokens = list(range(12)) + [5]
+    flat = KVCacheManager(64, 4, hash_seed=0, index="flat")
+    prompt = flat.prompt(tokens)
+    flat.match(prompt)                             # the flat manager keys the prompt (Prompt.keys)
+    twin, mgr = _dict_manager_with_prefix_on_both_tiers(tokens), _dict_manager_with_prefix_on_both_tiers(tokens)
+    expect = twin.admit("c", twin.prompt(tokens))
+    assert expect == 12 and twin.stats().loads == 2
+    got = _outcome(lambda: mgr.admit("c", prompt))
+    mgr.check_invariants()
+    assert got == ("ok", expect)
+    assert mgr.snapshot() == twin.snapshot()
+
+
+# -- a pool that cannot grow after a failed batch ----------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="FlatBlockPool._release keeps np.frombuffer views of ref_count (and the "
+                                       "LRU's arrays) in its frame while the base path raises: while that "
+                                       "exception lives, growth raises BufferError, after _take_fresh moved _fresh")
+def test_a_failed_long_release_does_not_stop_the_pool_growing():
+    """A release of 16+ blocks (the compiled path) with a block out of range: the kernel refuses it and
+    the base class raises IndexError, as the dict pool does, changing nothing. But the flat pool's
+    frame still holds ``np.frombuffer`` views of ``ref_count`` / the LRU's ``array('q')`` storage, and
+    the traceback keeps that frame (in the ``except`` block, in a saved exception, a logger's
+    record, a future): an ``array`` exporting its buffer cannot be resized, so the next allocation
+    that grows the per-block arrays raised BufferError, and it raised after ``_take_fresh`` had
+    moved ``_fresh`` on: blocks counted as handed out with no metadata, the pool broken for good."""
+    results = []
+    for pool in _pools(5000):
+        blocks = pool.allocate(40, 4)
+        try:
+            pool.release(blocks[:20] + [1200])     # 1200: never handed out (metadata covers 1,024)
+        except IndexError:
+            grown = _outcome(lambda pool=pool: len(pool.allocate(2000)))
+        pool.check([blocks, *([list(range(40, 2040))] if grown[0] == "ok" else [])])
+        results.append((grown, pool.num_free, pool._fresh))
+    assert results[1] == results[0]
