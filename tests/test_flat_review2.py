@@ -98,3 +98,47 @@ def test_a_failed_long_release_does_not_stop_the_pool_growing():
         pool.check([blocks, *([list(range(40, 2040))] if grown[0] == "ok" else [])])
         results.append((grown, pool.num_free, pool._fresh))
     assert results[1] == results[0]
+
+
+# -- a batch publish of a block past the index's rows -------------------------------------------------------
+
+_PUBLISH_PAST_ROWS = r"""
+import hashlib, sys
+from prefixkv.flat.lru import CompiledLRU
+from prefixkv.flat.pool import FlatBlockPool
+n = int(sys.argv[1])
+pool = FlatBlockPool(2000, 4, CompiledLRU(), digest_size=16)
+blocks = pool.allocate(40, 4)                       # per-block rows for blocks 0..1023
+run = blocks[:n - 1] + [1500]                       # 1500: never handed out, past the rows
+hashes = [hashlib.blake2b(b"past-%d" % i, digest_size=16).digest() for i in range(n)]
+try:
+    pool.publish_run(run, hashes, None, 0)
+    print("published", pool.lookup(hashes[-1]))
+except IndexError as exc:
+    print("IndexError")
+pool.allocate(1900)                                  # touch the heap again
+print("alive")
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="publish_many / publish_run enter keys through FlatIndex.insert_array "
+                                       "(kernels.insert_many), which writes keys[b] and has[b] for a block past "
+                                       "the rows unchecked: out-of-bounds writes (heap corruption)")
+@pytest.mark.parametrize("n", [4, 20], ids=["list-path", "compiled-path"])
+def test_a_batch_publish_of_a_block_past_the_rows_raises(n):
+    """``publish`` of a block past the rows raises IndexError (test_flat_review); the batch publish
+    did not: the dict pool raises IndexError (``block_hash[1500] = h`` on a 1,024-long list), but
+    the flat index's insertion kernel wrote the key row and flag of block 1500 past the ends of its
+    arrays (no bounds checks in numba) and reported success; the heap was corrupted (glibc aborts
+    the process later: "free(): invalid next size"). Run in a subprocess for that reason."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", _PUBLISH_PAST_ROWS, str(n)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert done.stdout.split() == ["IndexError", "alive"]
