@@ -142,3 +142,36 @@ def test_a_batch_publish_of_a_block_past_the_rows_raises(n):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-500:]
     assert done.stdout.split() == ["IndexError", "alive"]
+
+
+# -- BlockCopies as the list of pairs it replaced ---------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="BlockCopies (take_demotions / take_loads, lists of pairs before d90c6ff) "
+                                       "has no +, +=, and json.dumps refuses it: callers that combined or "
+                                       "serialised the lists break")
+@pytest.mark.parametrize("index", ["flat", "dict"])
+def test_transfers_combine_and_serialise_as_the_lists_they_were(index):
+    """``take_demotions()`` / ``take_loads()`` returned ``list[tuple[int, int]]`` and now return
+    ``BlockCopies`` (whatever the index), documented to read as that list. A caller that runs a step's
+    moves as one list (``mgr.take_demotions() + mgr.take_loads()``), accumulates them (``+=``) or
+    sends them to a worker as JSON got TypeError."""
+    import json
+
+    mgr = KVCacheManager(4, 4, hash_seed=0, index=index, num_host_blocks=8, host_cache=True)
+    mgr.admit("a", list(range(16)), compute_last_token=False)
+    mgr.free("a")
+    mgr.admit("b", list(range(100, 116)), compute_last_token=False)     # evicts a's blocks to the host
+    mgr.free("b")
+    demotions = mgr.take_demotions()
+    mgr.admit("a2", list(range(16)), compute_last_token=False)         # loads them back
+    loads = mgr.take_loads()
+    pairs = [*map(tuple, demotions)], [*map(tuple, loads)]
+    assert len(pairs[0]) == 4 and len(pairs[1]) == 4
+    assert _outcome(lambda: list(demotions + loads)) == ("ok", pairs[0] + pairs[1])
+    assert _outcome(lambda: list([] + demotions)) == ("ok", pairs[0])
+    moves = mgr.take_demotions()                    # (b's blocks, evicted by a2's admission)
+    expect = [*map(tuple, moves)] + pairs[1]
+    moves += loads
+    assert list(moves) == expect
+    assert json.loads(json.dumps(loads)) == [list(p) for p in pairs[1]]
