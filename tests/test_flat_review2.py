@@ -175,3 +175,43 @@ def test_transfers_combine_and_serialise_as_the_lists_they_were(index):
     moves += loads
     assert list(moves) == expect
     assert json.loads(json.dumps(loads)) == [list(p) for p in pairs[1]]
+
+
+# -- a host take with tags that are not its blocks' ------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="remove_blocks trusts given tags: a tag that is not the block's key's "
+                                       "finds no slot (-1) and _delete_slot(slots, -1) empties the table's last "
+                                       "slot instead; the taken keys stay in the table, pointing at active blocks")
+def test_a_take_with_misaligned_tags_does_not_corrupt_the_index():
+    """``take_cached(blocks, tags=...)`` (``HostTier.pin``) takes the tags of the blocks' keys so the
+    index need not mix them again. Tags in another order than the blocks (or of other keys) are a
+    caller's mistake, but the kernel did not notice one: ``_slot_of_block`` found no slot and the
+    deletion ran at slot -1 (the last one, wrapped), so the taken blocks' keys stayed in the table
+    (lookups return those now active, uncached blocks: a later prefix hit on them) while some other
+    entry vanished; ``count`` and ``check`` disagree. It must raise changing nothing, or fall back
+    to the keys' own tags (the same state as a take without tags)."""
+    from prefixkv.flat.index import HashRows
+
+    hashes = [_digest(i) for i in range(40)]
+
+    def evictable_pool():
+        pool = FlatBlockPool(64, 4, CompiledLRU(), digest_size=16)
+        blocks = pool.allocate(40, 4)
+        pool.publish_run(blocks, hashes, None, 0)
+        pool.release(blocks[::-1])
+        return pool
+
+    ref, pool = evictable_pool(), evictable_pool()
+    taken = [pool.lookup(h) for h in hashes[:20]]
+    ref.take_cached(list(taken), distinct=True)
+    tags = HashRows.tagged(pool.index.column(hashes[:20])).tags[::-1].copy()      # reversed: misaligned
+    before = pool.snapshot()
+    got = _outcome(lambda: pool.take_cached(list(taken), distinct=True, tags=tags))
+    if got == "ok" or got[0] == "ok":
+        assert pool.snapshot() == ref.snapshot()
+        pool.check([taken])
+    else:
+        assert pool.snapshot() == before
+        pool.check([])
+    assert len(pool.index) == pool.num_cached == len(set(pool.index.blocks()))
