@@ -60,6 +60,25 @@ class BlockCopies(Sequence):
     def __iter__(self) -> Iterator[tuple[int, int]]:
         return zip(self.src.tolist(), self.dst.tolist())
 
+    def tolist(self) -> list[tuple[int, int]]:
+        """The pairs as a list of tuples (what ``json.dumps`` takes: ``BlockCopies`` is a sequence,
+        not a list)."""
+        return list(self)
+
+    def __add__(self, other):
+        """``copies + pairs``: a list of the pairs, one after the other (as lists concatenate);
+        ``BlockCopies + BlockCopies`` stays a ``BlockCopies``."""
+        if isinstance(other, BlockCopies):
+            return BlockCopies.join([self, other])
+        if isinstance(other, (list, tuple)):
+            return list(self) + list(other)
+        return NotImplemented
+
+    def __radd__(self, other):
+        if isinstance(other, (list, tuple)):
+            return list(other) + list(self)
+        return NotImplemented
+
     def __eq__(self, other) -> bool:
         """Equal to a list or tuple of the same pairs (the list it stands for), or to equal copies."""
         if isinstance(other, BlockCopies):

@@ -274,6 +274,8 @@ class KVCacheManager:
     def _keys(self, prompt: Prompt) -> Sequence[Hashable]:
         """The prompt's block hashes in the form the pools probe fastest: a flat index's rows (joined
         once per prompt, kept on it), else the list itself."""
+        if not self.pool._index_stores_hashes:
+            return prompt.block_hashes()    # a dict index probes the hash objects themselves
         keys = prompt.keys
         if keys is None:
             hashes = prompt.block_hashes()
@@ -324,7 +326,7 @@ class KVCacheManager:
         # The common shape, told in C: one run on the host right after the device hits, with no
         # device block inside it or right after it.
         keys = self._keys(prompt)
-        if type(keys) is HashRows and host.pool._index_stores_hashes:
+        if type(keys) is HashRows and keys.tags is not None and host.pool._index_stores_hashes:
             # both indexes flat: the host's run and the device's absence from it in one pass
             if host.pool.lookup(hashes[start]) is None:
                 return _NO_LOWER
@@ -472,7 +474,8 @@ class KVCacheManager:
         if num_loads:
             # before the device allocates: its demotions must not take them
             keys = prompt.keys
-            if type(indices) is range and type(keys) is HashRows and keys.tags is not None:
+            if (type(indices) is range and type(keys) is HashRows and keys.tags is not None
+                    and self.host.pool._index_stores_hashes):
                 self.host.pin(sources, distinct=True, tags=keys.tags[indices.start:indices.stop])
             else:
                 self.host.pin(sources, distinct=True)
@@ -523,7 +526,7 @@ class KVCacheManager:
             else:
                 for i in indices:
                     self._publish(seq, i, i + 1, record=False)
-            self._publish(seq, num_hits, n // size, keys=prompt.keys)
+            self._publish(seq, num_hits, n // size, keys=self._keys(prompt))
         counters = self._counters
         counters["loads"] += num_loads
         counters["loads_refused"] += refused

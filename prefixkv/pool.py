@@ -207,7 +207,7 @@ class BlockPool:
     def _take_fresh(self, k: int) -> list[int]:
         """The next ``k`` never-used blocks (ascending), their metadata made first."""
         start = self._fresh
-        stop = self._fresh = start + k
+        stop = start + k
         have = len(self.ref_count)
         if stop > have:
             # grow geometrically: amortised O(1) per block, in place (policies keep the lists)
@@ -227,6 +227,7 @@ class BlockPool:
                 self._reused.extend([False] * grow)
             if self._on_grow is not None:
                 self._on_grow(new)
+        self._fresh = stop          # (after the growth: one that fails hands nothing out)
         return list(range(start, stop))
 
     def _grow_hashes(self, grow: int) -> None:

@@ -275,11 +275,18 @@ class FlatIndex:
     def _given(self, tags: np.ndarray | None, n: int) -> np.ndarray:
         return tags[:n] if tags is not None and tags.shape[0] >= n else self._no_tags
 
+    def _check_rows(self, blocks: np.ndarray) -> None:
+        """IndexError (nothing changed) for a block without a row: the kernels write rows unchecked."""
+        if blocks.shape[0] and (int(blocks.min()) < 0 or int(blocks.max()) >= self.has.shape[0]):
+            bad = int(blocks.min()) if int(blocks.min()) < 0 else int(blocks.max())
+            raise IndexError(f"block {bad} has no row in this index (rows for {self.has.shape[0]})")
+
     def insert_array(self, q: np.ndarray, blocks: np.ndarray, tags: np.ndarray | None = None) -> np.ndarray:
         """``setdefault_many`` of an int64 array, as one (``tags``: the keys' tags, when known)."""
         n = min(q.shape[0], blocks.shape[0])
         if n != q.shape[0] or n != blocks.shape[0]:
             q, blocks = q[:n], blocks[:n]
+        self._check_rows(blocks)
         self._reserve(n)
         got = np.empty(n, np.int64)
         self.count += int(kernels.insert_many(self.slots, self.keys, self.has, q, self._given(tags, n), blocks, got,
@@ -292,6 +299,7 @@ class FlatIndex:
         n = min(q.shape[0], blocks.shape[0])
         if n != q.shape[0] or n != blocks.shape[0]:
             q, blocks = q[:n], blocks[:n]
+        self._check_rows(blocks)
         self._reserve(n)
         got = np.empty(n, np.int64)
         done = int(kernels.insert_absent(self.slots, self.keys, self.has, q, self._given(tags, n), blocks, got,
@@ -337,7 +345,8 @@ class FlatIndex:
                                         self._no_rows if rows is None else rows, self._given(tags, arr.shape[0]),
                                         self._no_tags if tags_out is None else tags_out))
         if bad < 0:
-            self.count -= arr.shape[0]
+            self.count -= arr.shape[0] - (-1 - bad)
+            bad = -1
         return bad
 
     def blocks(self) -> list[int]:

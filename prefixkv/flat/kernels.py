@@ -255,7 +255,8 @@ def remove_blocks(slots, keys, has, blocks, check, scratch, rows, given, tags_ou
     and its tag to ``tags_out[i]`` when those have rows (an eviction burst's keys for the tier
     below). ``given``: the keys' tags, when known (one per block), so the keys are not read.
     ``check``: first make sure every block holds a key in the table and none is listed twice; if
-    one does not, nothing changes and its index is returned. Returns -1 once done."""
+    one does not, nothing changes and its index is returned. Returns -1 - (blocks whose key was
+    not in the table) once done."""
     n = blocks.shape[0]
     mask = slots.shape[0] - 1
     if check:
@@ -279,12 +280,19 @@ def remove_blocks(slots, keys, has, blocks, check, scratch, rows, given, tags_ou
             for j in range(keys.shape[1]):
                 rows[i, j] = keys[blocks[i], j]
     touched = _touch(slots, tags, n, mask)
+    missing = 0
     for i in range(n):
         b = blocks[i]
-        _delete_slot(slots, _slot_of_block(slots, b, tags[i], mask))
+        s = _slot_of_block(slots, b, tags[i], mask)
+        if s < 0 and given.shape[0] == n:
+            s = _slot_of_block(slots, b, _tag(keys[b]), mask)     # a tag given that is not its key's
+        if s >= 0:
+            _delete_slot(slots, s)
+        else:
+            missing += 1        # not in the table (unchecked): nothing to delete, nothing wrongly deleted
         has[b] = 0
     scratch[0] = touched       # observable, so the touching pass is not optimised away
-    return -1
+    return -1 - missing
 
 
 @_jit(nogil=True)

@@ -265,32 +265,42 @@ class FlatBlockPool(BlockPool):
         self.index.clear()
 
     # -- batches in compiled calls (the LRU order in arrays) ----------------------
+    # The compiled calls view the pool's array('q') storage; an array exporting its buffer cannot be
+    # resized, so every view lives in a helper's frame that has returned before a fallback (whose
+    # exception and traceback could keep a frame, and its views, alive) or a growth can run.
+    def _acquire_compiled(self, lru: CompiledLRU, arr: np.ndarray) -> bool:
+        prev, nxt, ends = lru.views()
+        return lru_kernels.acquire_evictable(np.frombuffer(self.ref_count, np.int64), prev, nxt, ends, arr,
+                                             _NO_FLAGS)
+
     def acquire_hits(self, blocks: Iterable[int], *, distinct: bool = False) -> None:
         blocks = _materialised(blocks)
         lru = self._compiled(len(blocks))
-        if lru is not None:
-            arr = _as_blocks(blocks)
-            prev, nxt, ends = lru.views()
-            if lru_kernels.acquire_evictable(np.frombuffer(self.ref_count, np.int64), prev, nxt, ends, arr,
-                                             _NO_FLAGS):
-                return
+        if lru is not None and self._acquire_compiled(lru, _as_blocks(blocks)):
+            return
         super().acquire_hits(_block_list(blocks), distinct=distinct)
+
+    def _release_compiled(self, lru: CompiledLRU, arr: np.ndarray) -> int:
+        """1: released to the LRU; 2: released uncached (to go on the free stack); 0: neither."""
+        ref = np.frombuffer(self.ref_count, np.int64)
+        prev, nxt, ends = lru.views()
+        if lru_kernels.release_cached(ref, self.index.has, prev, nxt, ends, arr):
+            return 1
+        return 2 if lru_kernels.release_uncached(ref, self.index.has, arr) else 0
 
     def _release(self, blocks_in_order: Iterable[int], priority: int, all_cached: bool = False) -> None:
         blocks_in_order = _materialised(blocks_in_order)
         lru = self._compiled(len(blocks_in_order))
         if lru is not None:
             arr = _as_blocks(blocks_in_order)
-            ref = np.frombuffer(self.ref_count, np.int64)
-            has = self.index.has
-            prev, nxt, ends = lru.views()
-            if lru_kernels.release_cached(ref, has, prev, nxt, ends, arr):
+            done = self._release_compiled(lru, arr)
+            if done == 1:
                 if priority or self._priority is not None:
                     prio = self.priority
                     for block in arr.tolist():
                         prio[block] = priority
                 return
-            if lru_kernels.release_uncached(ref, has, arr):
+            if done == 2:
                 self._free.push(arr)
                 return
         super()._release(_block_list(blocks_in_order), priority, all_cached)
@@ -302,10 +312,7 @@ class FlatBlockPool(BlockPool):
         lru = self._compiled(len(blocks))
         if lru is not None and not self._duplicates:
             arr = _as_blocks(blocks)
-            prev, nxt, ends = lru.views()
-            if lru_kernels.acquire_evictable(np.frombuffer(self.ref_count, np.int64), prev, nxt, ends, arr,
-                                             _NO_FLAGS):
-                del prev, nxt, ends
+            if self._acquire_compiled(lru, arr):
                 self.index.remove_blocks(arr, False, tags=tags)      # evictable: each holds its key
                 self.forgotten += arr.shape[0]
                 return
