@@ -136,6 +136,7 @@ class FlatIndex:
         self.has = np.frombuffer(self.flags, np.uint8)
         self.slots = np.zeros(_MIN_TABLE, np.int64)
         self.count = 0          # entries in the table
+        self.inserted = 0       # keys the last batch insertion entered
         self._scratch = np.zeros(1, np.int64)
         self._no_rows = np.zeros((0, self.words), np.uint64)
         self._no_tags = np.zeros(0, np.int64)
@@ -281,32 +282,37 @@ class FlatIndex:
             bad = int(blocks.min()) if int(blocks.min()) < 0 else int(blocks.max())
             raise IndexError(f"block {bad} has no row in this index (rows for {self.has.shape[0]})")
 
-    def insert_array(self, q: np.ndarray, blocks: np.ndarray, tags: np.ndarray | None = None) -> np.ndarray:
-        """``setdefault_many`` of an int64 array, as one (``tags``: the keys' tags, when known)."""
+    def insert_array(self, q: np.ndarray, blocks: np.ndarray, tags: np.ndarray | None = None, *,
+                     rows_known: bool = False) -> np.ndarray:
+        """``setdefault_many`` of an int64 array, as one (``tags``: the keys' tags, when known;
+        ``rows_known``: the caller's blocks all have rows, a pool's own free blocks). ``inserted``
+        then says how many keys went in (all of them: every block is its key's primary)."""
         n = min(q.shape[0], blocks.shape[0])
         if n != q.shape[0] or n != blocks.shape[0]:
             q, blocks = q[:n], blocks[:n]
-        self._check_rows(blocks)
+        if not rows_known:
+            self._check_rows(blocks)
         self._reserve(n)
         got = np.empty(n, np.int64)
-        self.count += int(kernels.insert_many(self.slots, self.keys, self.has, q, self._given(tags, n), blocks, got,
-                                              self._scratch))
+        self.inserted = int(kernels.insert_many(self.slots, self.keys, self.has, q, self._given(tags, n), blocks, got,
+                                                self._scratch))
+        self.count += self.inserted
         return got
 
     def insert_absent(self, q: np.ndarray, blocks: np.ndarray, tags: np.ndarray | None = None) -> np.ndarray | None:
         """``insert_array`` of keys none of which is here yet, checked in the same call: None
-        (nothing changed) when one is."""
+        (nothing changed) when one is. The blocks are the pool's own (they have rows)."""
         n = min(q.shape[0], blocks.shape[0])
         if n != q.shape[0] or n != blocks.shape[0]:
             q, blocks = q[:n], blocks[:n]
-        self._check_rows(blocks)
         self._reserve(n)
         got = np.empty(n, np.int64)
         done = int(kernels.insert_absent(self.slots, self.keys, self.has, q, self._given(tags, n), blocks, got,
                                          self._scratch))
         if done >= 0:
             return None
-        self.count += -1 - done
+        self.inserted = -1 - done
+        self.count += self.inserted
         return got
 
     def lookup_many(self, q: np.ndarray, tags: np.ndarray | None = None) -> np.ndarray:

@@ -13,7 +13,7 @@ return False and the caller takes its general path, which reports the problem): 
 
 from __future__ import annotations
 
-from .kernels import _jit
+from .kernels import _jit, insert_absent, remove_blocks
 
 OUT = -2
 NONE = -1
@@ -200,6 +200,41 @@ def release_uncached(ref, has, blocks):
     return True
 
 
+# -- a pool's batches fused with their index work (one call each) ------------------------------------
+
+
+@_jit(nogil=True)
+def take_evictable(ref, prev, nxt, ends, blocks, no_flags, slots, keys, has, given, scratch, no_rows, no_tags):
+    """``acquire_evictable`` and, when it took the blocks, their keys out of the index (a host take:
+    the blocks stay held, their hashes leave this tier). False (nothing changed) otherwise."""
+    if not acquire_evictable(ref, prev, nxt, ends, blocks, no_flags):
+        return False
+    remove_blocks(slots, keys, has, blocks, False, scratch, no_rows, given, no_tags)
+    return True
+
+
+@_jit(nogil=True)
+def evict_front(prev, nxt, ends, out, slots, keys, has, scratch, rows, no_tags, tags_out):
+    """An eviction burst of ``len(out)`` (the caller checks the order holds them): the least recent
+    blocks taken out of the order into ``out`` and their keys out of the index (copied to ``rows``
+    and ``tags_out`` when those have rows)."""
+    pop_front(prev, nxt, ends, out)
+    remove_blocks(slots, keys, has, out, False, scratch, rows, no_tags, tags_out)
+
+
+@_jit(nogil=True)
+def cache_absent(slots, keys, has, q, given, blocks, got, scratch, num_tokens, size, prev, nxt, ends):
+    """Demotions in: ``insert_absent`` and, when every key was new here, the blocks full
+    (``num_tokens``) and evictable (appended to the order) in the same call. Returns what
+    ``insert_absent`` does; when a key listed twice in the batch left a copy out (fewer inserted
+    than blocks), nothing past the insertion is done and the caller finishes the batch."""
+    done = insert_absent(slots, keys, has, q, given, blocks, got, scratch)
+    if done < 0 and -1 - done == blocks.shape[0]:
+        fill(num_tokens, blocks, size)
+        append(prev, nxt, ends, blocks)
+    return done
+
+
 @_jit(nogil=True)
 def fill(values, blocks, value):
     """``values[b] = value`` for each block."""
@@ -233,3 +268,9 @@ def warm() -> None:
     order(prev, nxt, ends, out)
     pop_front(prev, nxt, ends, out)
     fill(ref, blocks, 0)
+    slots, keys, no_tags = np.zeros(1024, np.int64), np.zeros((4, 2), np.uint64), np.zeros(0, np.int64)
+    scratch, no_rows = np.zeros(1, np.int64), np.zeros((0, 2), np.uint64)
+    take_evictable(ref, prev, nxt, ends, blocks, no_flags, slots, keys, has, no_tags, scratch, no_rows, no_tags)
+    none = np.zeros(0, np.int64)
+    evict_front(prev, nxt, ends, none, slots, keys, has, scratch, no_rows, no_tags, no_tags)
+    cache_absent(slots, keys, has, no_rows, no_tags, none, none, scratch, ref, 4, prev, nxt, ends)

@@ -310,13 +310,20 @@ class FlatBlockPool(BlockPool):
         were found by), when the caller has them."""
         blocks = _materialised(blocks)
         lru = self._compiled(len(blocks))
-        if lru is not None and not self._duplicates:
-            arr = _as_blocks(blocks)
-            if self._acquire_compiled(lru, arr):
-                self.index.remove_blocks(arr, False, tags=tags)      # evictable: each holds its key
-                self.forgotten += arr.shape[0]
-                return
+        if lru is not None and not self._duplicates and self._take_compiled(lru, _as_blocks(blocks), tags):
+            self.forgotten += len(blocks)
+            return
         super().take_cached(_block_list(blocks), distinct=distinct)
+
+    def _take_compiled(self, lru: CompiledLRU, arr: np.ndarray, tags: np.ndarray | None) -> bool:
+        index = self.index
+        prev, nxt, ends = lru.views()
+        if not lru_kernels.take_evictable(np.frombuffer(self.ref_count, np.int64), prev, nxt, ends, arr, _NO_FLAGS,
+                                          index.slots, index.keys, index.has, index._given(tags, arr.shape[0]),
+                                          index._scratch, index._no_rows, index._no_tags):
+            return False
+        index.count -= arr.shape[0]     # evictable: each held its key in the table
+        return True
 
     def _claim_array(self, n: int, lru: CompiledLRU) -> np.ndarray:
         """``_claim(n)`` as an int64 array, the victims taken from the compiled LRU in one call."""
@@ -333,18 +340,24 @@ class FlatBlockPool(BlockPool):
         k = n - len(head)
         if not k:
             return head
-        victims = lru.pop(k)
         index = self.index
+        victims = np.empty(k, np.int64)
         if self.on_evict_many is None:
-            index.remove_blocks(victims, False)
-        else:
-            # the keys removed, and their tags, for the tier below
+            rows, tags = index._no_rows, index._no_tags
+        else:       # the keys removed, and their tags, for the tier below
             rows, tags = np.empty((k, index.words), np.uint64), np.empty(k, np.int64)
-            index.remove_blocks(victims, False, rows, tags_out=tags)
+        self._evict_compiled(lru, victims, rows, tags)
+        index.count -= k
         self.evictions += k
         if self.on_evict_many is not None:
             self.on_evict_many(victims, HashRows(rows, tags))
         return np.concatenate((head, victims)) if len(head) else victims
+
+    def _evict_compiled(self, lru: CompiledLRU, victims: np.ndarray, rows: np.ndarray, tags: np.ndarray) -> None:
+        index = self.index
+        prev, nxt, ends = lru.views()
+        lru_kernels.evict_front(prev, nxt, ends, victims, index.slots, index.keys, index.has, index._scratch, rows,
+                                index._no_tags, tags)
 
     def allocate_run(self, n: int, num_tokens: int | None = None) -> Sequence[int]:
         """``allocate``: an int64 array for a batch a compiled call pays for, else a list."""
@@ -367,11 +380,11 @@ class FlatBlockPool(BlockPool):
             return self.cache_many(hashes, parents, depths)
         q = self.index.column(hashes, exact=not self.hashes_checked)
         blocks = self._claim_array(len(hashes), lru)
-        got = self.index.insert_array(q, blocks, _tags(hashes, 0, len(hashes)))
-        new = got == blocks
-        if new.all():
+        got = self.index.insert_array(q, blocks, _tags(hashes, 0, len(hashes)), rows_known=True)
+        if self.index.inserted == blocks.shape[0]:
             primaries = blocks
         else:     # a hash cached already: this copy is a duplicate, dropped again at once
+            new = got == blocks
             primaries = blocks[new]
             self._free.push(blocks[~new])
         lru_kernels.fill(np.frombuffer(self.num_tokens, np.int64), blocks, self.block_size)
@@ -392,21 +405,31 @@ class FlatBlockPool(BlockPool):
         if (lru is None or self._duplicates or self.verify or self._keep_chain or self._priority is not None
                 or not n or n > len(self._free)):
             return None
-        q = self.index.column(hashes, exact=not self.hashes_checked)
+        index = self.index
+        q = index.column(hashes, exact=not self.hashes_checked)
         blocks = self._free.pop(n)
-        got = self.index.insert_absent(q, blocks, _tags(hashes, 0, n))
-        if got is None:
+        index._reserve(n)
+        got = np.empty(n, np.int64)
+        done = self._cache_compiled(lru, q, _tags(hashes, 0, n), blocks, got)
+        if done >= 0:       # a hash already here: nothing changed
             self._free.push(blocks[::-1])       # back as they were
             return None
-        new = got == blocks
-        if new.all():
-            primaries = blocks
-        else:     # a hash listed twice in the batch: its second copy is dropped again at once
+        index.inserted = -1 - done
+        index.count += index.inserted
+        if index.inserted != n:     # a hash listed twice in the batch: its second copy is dropped again
+            new = got == blocks
             primaries = blocks[new]
             self._free.push(blocks[~new])
-        lru_kernels.fill(np.frombuffer(self.num_tokens, np.int64), blocks, self.block_size)
-        lru_kernels.append(*lru.views(), primaries)
+            lru_kernels.fill(np.frombuffer(self.num_tokens, np.int64), blocks, self.block_size)
+            lru_kernels.append(*lru.views(), primaries)
         return blocks
+
+    def _cache_compiled(self, lru: CompiledLRU, q: np.ndarray, tags, blocks: np.ndarray, got: np.ndarray) -> int:
+        index = self.index
+        prev, nxt, ends = lru.views()
+        return lru_kernels.cache_absent(index.slots, index.keys, index.has, q, index._given(tags, q.shape[0]), blocks,
+                                        got, index._scratch, np.frombuffer(self.num_tokens, np.int64),
+                                        self.block_size, prev, nxt, ends)
 
     def publish_many(self, blocks: list[int], hashes: list[Hashable], parents: Sequence[Hashable | None],
                      depths: Sequence[int]) -> None:
@@ -416,7 +439,7 @@ class FlatBlockPool(BlockPool):
             n = min(arr.shape[0], len(hashes))
             q = self.index.column(hashes[:n], exact=not self.hashes_checked)
             got = self.index.insert_array(q, arr[:n], _tags(hashes, 0, n))
-            if not (got == arr[:n]).all():     # already cached: duplicates of their primaries
+            if self.index.inserted != n:     # some already cached: duplicates of their primaries
                 for block, h, primary in zip(arr[:n].tolist(), hashes, got.tolist()):
                     if primary != block:
                         self._duplicate_hash[block] = h
