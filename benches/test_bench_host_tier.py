@@ -169,8 +169,8 @@ def bookkeeping(repeat: int = 21) -> None:
         assert loaded == TOKENS // BLOCK, loaded
     d, h, r = (statistics.median(v) for v in (device_s, host_s, room_s))
     print(f"32k-token prompt: device-hit path {d * 1e3:.3f} ms, host-tier path {h * 1e3:.3f} ms "
-          f"(2,048 loads + 2,048 demotions): {h / d:.1f}x; from the host into free device room "
-          f"{r * 1e3:.3f} ms (2,048 loads): {r / d:.1f}x (target <= 2x)")
+          f"(2,048 loads + 2,048 demotions): {h / d:.2f}x; from the host into free device room "
+          f"{r * 1e3:.3f} ms (2,048 loads): {r / d:.2f}x (target <= 2x)")
 
 
 def main(repeat: int = 30) -> None:
