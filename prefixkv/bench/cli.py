@@ -79,6 +79,8 @@ def load_bench_trace(args: argparse.Namespace):
     from ..sim.traces import load_trace
     from ..sim.workloads import builtin_trace
 
+    if args.trace == "":     # an empty shell variable: not "no --trace" (nor the current directory)
+        raise ValueError("--trace: an empty path (a trace file or a kv-cache-tester folder is expected)")
     if args.trace and args.workload is not None:
         raise ValueError("--workload names the built-in trace used when no --trace is given; give one or the other")
     if args.trace:
@@ -141,7 +143,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     cfg = build_config(args)
     check_block_sizes(cfg)
     check_pool_memory(cfg)
-    plot_target = plot_dir(args.plot) if args.plot else None    # before the run, not after
+    if args.plot == "":      # was ignored; plot_dir("") would be the current directory
+        raise ValueError("--plot needs a directory name, got ''")
+    plot_target = plot_dir(args.plot) if args.plot is not None else None    # before the run, not after
     trace, label = load_bench_trace(args)
     if not trace.requests:
         raise ValueError("the trace has no requests")
