@@ -16,12 +16,35 @@ import numpy as np
 _EMPTY = np.empty(0, np.int64)
 
 
-def _column(blocks) -> np.ndarray:
-    if isinstance(blocks, np.ndarray):
-        return blocks.astype(np.int64, copy=False)
-    if not blocks:
-        return _EMPTY
-    return np.frombuffer(array("q", blocks), np.int64)
+def _column(blocks, what: str) -> np.ndarray:
+    """``blocks`` as a one-dimensional int64 array the caller does not hold (a copy of an array:
+    changing the caller's array later must not change pairs already handed out). Refuses floats,
+    bools and ids past int64, as the list form does, naming ``what`` and the value."""
+    if not isinstance(blocks, np.ndarray):
+        if hasattr(blocks, "__array__") and not isinstance(blocks, (list, tuple)):
+            blocks = np.asarray(blocks)            # a torch tensor (CPU), an array-like
+        else:
+            if not isinstance(blocks, (list, tuple, range)):
+                blocks = list(blocks)              # a generator, any iterable
+            if not blocks:
+                return _EMPTY
+            try:
+                return np.frombuffer(array("q", blocks), np.int64)
+            except (TypeError, OverflowError):
+                pass
+            for block in blocks:
+                try:
+                    array("q", [block])
+                except (TypeError, OverflowError):
+                    raise TypeError(f"BlockCopies {what} must hold int64 block ids, got {block!r}") from None
+            raise TypeError(f"BlockCopies {what} must hold int64 block ids")   # pragma: no cover
+    if blocks.ndim != 1:
+        raise ValueError(f"BlockCopies {what} must be one-dimensional, got an array of shape {blocks.shape}")
+    if blocks.dtype.kind not in "iu":
+        raise TypeError(f"BlockCopies {what} must hold integer block ids, got {blocks.dtype}")
+    if blocks.dtype.kind == "u" and blocks.shape[0] and int(blocks.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"BlockCopies {what} holds {int(blocks.max())}, past int64")
+    return np.array(blocks, dtype=np.int64)
 
 
 class BlockCopies(Sequence):
@@ -30,8 +53,8 @@ class BlockCopies(Sequence):
     __slots__ = ("src", "dst")
 
     def __init__(self, src=(), dst=()) -> None:
-        self.src = _column(src)
-        self.dst = _column(dst)
+        self.src = _column(src, "src")
+        self.dst = _column(dst, "dst")
         if self.src.shape[0] != self.dst.shape[0]:
             raise ValueError(f"{self.src.shape[0]} sources for {self.dst.shape[0]} destinations")
 
