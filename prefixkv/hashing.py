@@ -250,15 +250,17 @@ class BlockHasher:
             raise InvalidArgument("block_size", f"must be an int, got {type(block_size).__name__} {block_size!r}")
         block_size = int(block_size)
         if block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {block_size}")
+            # InvalidArgument is a ValueError, as this error was before it named the argument
+            raise InvalidArgument("block_size", f"must be positive, got {block_size}")
         if block_size > _MAX_BLOCK_SIZE:
             # the root hashes it as a little-endian uint32 ("<I"): past that, struct.error
             raise InvalidArgument("block_size", f"must be below 2**32 (the chain's root hashes it as a "
                                                 f"uint32), got {block_size}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise InvalidArgument("seed", f"the hash seed must be an int or None, got {type(seed).__name__} {seed!r}")
-        if algorithm not in HASH_ALGORITHMS:
-            raise ValueError(f"unknown hash algorithm {algorithm!r}; choose from {sorted(HASH_ALGORITHMS)}")
+        if not isinstance(algorithm, str) or algorithm not in HASH_ALGORITHMS:   # a list is unhashable
+            raise InvalidArgument("algorithm", f"unknown hash algorithm {algorithm!r}; choose from "
+                                               f"{sorted(HASH_ALGORITHMS)}")
         self.block_size = block_size
         self.algorithm = algorithm
         self.seed = _PROCESS_SEED if seed is None else seed

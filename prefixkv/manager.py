@@ -141,14 +141,23 @@ class KVCacheManager:
           dict of hash objects, any hashable (a trace's integer ids), and the one ``verify`` uses.
           ``"auto"`` (default): flat where numba is installed and ``verify`` is off, else dict.
         """
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+        # InvalidArgument is both a TypeError and a ValueError: what these checks raised before
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
+                            ("num_host_blocks", num_host_blocks)):
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-        if isinstance(num_host_blocks, bool) or not isinstance(num_host_blocks, int):
-            raise TypeError(f"num_host_blocks must be an int, got {type(num_host_blocks).__name__}")
+                raise InvalidArgument(name, f"must be an int, got {type(value).__name__} {value!r}")
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if value <= 0:
+                raise InvalidArgument(name, f"must be positive, got {value}")
+        if num_host_blocks < 0:
+            raise InvalidArgument("num_host_blocks", f"must be >= 0, got {num_host_blocks}")
         if hash_seed is not None and (isinstance(hash_seed, bool) or not isinstance(hash_seed, int)):
             raise InvalidArgument("hash_seed", f"must be an int or None, got {type(hash_seed).__name__} "
                                                f"{hash_seed!r}")
+        from .hashing import HASH_ALGORITHMS      # named here, not as BlockHasher's "algorithm"
+        if not isinstance(hash_algorithm, str) or hash_algorithm not in HASH_ALGORITHMS:
+            raise InvalidArgument("hash_algorithm", f"unknown hash algorithm {hash_algorithm!r}; choose from "
+                                                    f"{sorted(HASH_ALGORITHMS)}")
         if isinstance(policy, str):
             if policy == "belady":
                 raise ValueError("the belady policy (MIN) needs every block's next use, which only a trace "
@@ -164,8 +173,6 @@ class KVCacheManager:
                                record_events=record_events, track_reuse=track_reuse)
         self._seqs: dict[Hashable, _Sequence] = {}
         self._copies: list[tuple[int, int]] = []
-        if num_host_blocks < 0:
-            raise ValueError(f"num_host_blocks must be >= 0, got {num_host_blocks}")
         if host_cache and not num_host_blocks:
             raise ValueError("host_cache needs host blocks: pass num_host_blocks > 0")
         self.num_host_blocks = num_host_blocks

@@ -4,8 +4,8 @@ import pickle
 
 import pytest
 
-from prefixkv import (DuplicateSequence, KVCacheManager, OutOfBlocks, SequencePreempted, SequenceTooLong,
-                      UnknownSequence)
+from prefixkv import (DuplicateSequence, InvalidArgument, KVCacheManager, OutOfBlocks, SequencePreempted,
+                      SequenceTooLong, UnknownSequence)
 from prefixkv.console import OFF_TERMINAL_WIDTH, make_console
 from prefixkv.sim.traces import TraceFormatError
 
@@ -35,11 +35,14 @@ def test_a_preempted_sequence_is_not_reported_unknown():
     assert not isinstance(exc.value, KeyError)
 
 
-@pytest.mark.parametrize("args,message", [((2.5, 16), "num_blocks must be an int, got float 2.5"),
-                                          ((8, "16"), "block_size must be an int, got str '16'")])
-def test_manager_refuses_non_integer_sizes(args, message):
-    with pytest.raises(TypeError, match=message):
+@pytest.mark.parametrize("args,argument,message", [
+    ((2.5, 16), "num_blocks", r"num_blocks: must be an int, got float 2\.5"),
+    ((8, "16"), "block_size", "block_size: must be an int, got str '16'")])
+def test_manager_refuses_non_integer_sizes(args, argument, message):
+    # an InvalidArgument naming the size, still a TypeError as before
+    with pytest.raises(TypeError, match=message) as info:
         KVCacheManager(*args)
+    assert isinstance(info.value, InvalidArgument) and info.value.argument == argument
 
 
 def test_manager_refuses_belady_by_name():
