@@ -52,3 +52,16 @@ def test_bench_refuses_an_empty_plot_path(capsys, no_builtin):
     # --plot '' was ignored: the run went ahead and no plot was written
     err = fails(capsys, "bench", "--plot=")
     assert "--plot" in err and SENTINEL not in err
+
+
+# -- 3: fleet --trace '' ------------------------------------------------------------------------------
+
+def test_fleet_refuses_an_empty_trace_path(capsys, no_builtin):
+    # --trace '' ran the built-in workload instead
+    err = fails(capsys, "fleet", "--trace=")
+    assert "--trace" in err and "empty" in err and SENTINEL not in err
+    from prefixkv.fleet.cli import main as fleet_main
+    with pytest.raises(SystemExit) as info:
+        fleet_main(["--trace="])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--trace" in err and SENTINEL not in err

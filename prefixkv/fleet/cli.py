@@ -71,6 +71,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     from ..sim.workloads import builtin_trace
     from .simulator import FleetConfig, compare
 
+    if args.trace == "":     # an empty shell variable: not "no --trace" (nor the current directory)
+        raise ValueError("--trace: an empty path (a trace file or a kv-cache-tester folder is expected)")
     if args.trace:
         trace = load_trace(args.trace, args.format)
         label = os.path.basename(args.trace)
