@@ -181,3 +181,19 @@ def test_cache_new_run_leaves_other_batches_to_the_checked_path():
     assert pool.cache_new_run(_hashes(100, 50)) is None       # more than the 40 free blocks
     assert pool.cache_new_run(_hashes(1, 3)) is None          # short: the list paths serve it
     assert pool.snapshot() == before
+
+
+def test_a_pool_past_int32_block_ids_keeps_int64_links():
+    """Links are int32 where every block id fits; a pool of 2^31 blocks or more keeps int64 ones (its
+    ids would not fit), through the compiled batches too."""
+    small = FlatBlockPool(64, 4, CompiledLRU(), digest_size=16)
+    big = FlatBlockPool(2**31, 4, CompiledLRU(), digest_size=16)
+    assert small.policy.views()[0].dtype.itemsize == 4 and big.policy.views()[0].dtype.itemsize == 8
+    for pool in (small, big):
+        blocks = pool.allocate(20, 4)
+        pool.publish_run(blocks, _hashes(1, 20), None, 0)
+        pool.release(blocks[::-1])
+        pool.acquire_hits(blocks[:18], distinct=True)
+        pool.release(blocks[:18][::-1])
+        assert pool.policy.snapshot() == (*blocks[18:][::-1], *blocks[:18][::-1])
+        pool.check([])

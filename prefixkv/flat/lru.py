@@ -2,11 +2,12 @@
 
 Same order and the same victims as ``policies.lru.LRUPolicy`` (least recently released first; a
 hit takes a block out; a release puts it at the most recent end), kept as a doubly linked list in
-two int64 arrays: 16 bytes per block and no Python object per block. Its point is that a
+two arrays (int32 where every block id fits, else int64): 8 bytes per block and no Python object
+per block. Its point is that a
 ``FlatBlockPool`` moves a long batch of blocks in and out of it together with their refcounts in
 one compiled call (``lru_kernels``, on ``views()`` of the arrays). A short batch (a decode step's
 block, a short prompt's release) costs less as a few Python index operations on the arrays
-(``array('q')``: Python reads them at list speed) than as a compiled call, so below ``SMALL``
+(``array``: Python reads them at list speed) than as a compiled call, so below ``SMALL``
 blocks the policy protocol's events run here in Python.
 """
 
@@ -34,25 +35,30 @@ class CompiledLRU(PolicyBase):
 
     def __init__(self) -> None:
         k.warm()
+        self._code, self._dtype = "q", np.int64
         self._prev = array("q")
         self._nxt = array("q")
         self._ends = array("q", (NONE, NONE, 0))     # least recent, most recent, count
 
     def views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``prev``, ``nxt`` and ``ends`` as int64 arrays for the kernels; views of the storage, to
-        drop before the pool grows (a buffer cannot be resized while it is exported)."""
-        return (np.frombuffer(self._prev, np.int64), np.frombuffer(self._nxt, np.int64),
+        """``prev``, ``nxt`` and ``ends`` as arrays for the kernels; views of the storage, to drop
+        before the pool grows (a buffer cannot be resized while it is exported)."""
+        return (np.frombuffer(self._prev, self._dtype), np.frombuffer(self._nxt, self._dtype),
                 np.frombuffer(self._ends, np.int64))
 
     def bind(self, pool) -> None:
         super().bind(pool)
+        if not len(self._prev) and pool.num_blocks < 2**31 - 1:
+            # links of 4 bytes where every block id fits (16 -> 8 bytes per block)
+            self._code, self._dtype = "i", np.int32
+            self._prev, self._nxt = array("i"), array("i")
         self.on_grow(len(pool.ref_count))
 
     def on_grow(self, num_blocks: int) -> None:
         grow = num_blocks - len(self._prev)
         if grow > 0:
-            self._prev.extend(array("q", (OUT,)) * grow)
-            self._nxt.extend(array("q", (NONE,)) * grow)
+            self._prev.extend(array(self._code, (OUT,)) * grow)
+            self._nxt.extend(array(self._code, (NONE,)) * grow)
 
     def _check(self, blocks) -> list | np.ndarray:
         """``blocks`` as a list or int64 array, the storage grown to cover them (driven without a
@@ -156,8 +162,8 @@ class CompiledLRU(PolicyBase):
 
     def clear(self) -> None:
         n = len(self._prev)
-        self._prev[:] = array("q", (OUT,)) * n
-        self._nxt[:] = array("q", (NONE,)) * n
+        self._prev[:] = array(self._code, (OUT,)) * n
+        self._nxt[:] = array(self._code, (NONE,)) * n
         self._ends[:] = array("q", (NONE, NONE, 0))
 
     def __len__(self) -> int:

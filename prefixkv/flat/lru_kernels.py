@@ -253,9 +253,9 @@ def warm() -> None:
         return
     _warmed = True
     import numpy as np
-    prev, nxt = np.full(4, OUT, np.int64), np.full(4, NONE, np.int64)
+    prev, nxt = np.full(4, OUT, np.int32), np.full(4, NONE, np.int32)     # (the links pools use)
     ends = np.array([NONE, NONE, 0], np.int64)
-    ref, has, no_flags = np.zeros(4, np.int64), np.ones(4, np.uint8), np.zeros(0, np.uint8)
+    ref, has, no_flags = np.zeros(4, np.int32), np.ones(4, np.uint8), np.zeros(0, np.uint8)
     blocks = np.arange(2, dtype=np.int64)
     release_cached(ref, has, prev, nxt, ends, blocks)            # refcounts 0: refused, nothing changed
     ref[:2] = 1
@@ -273,4 +273,5 @@ def warm() -> None:
     take_evictable(ref, prev, nxt, ends, blocks, no_flags, slots, keys, has, no_tags, scratch, no_rows, no_tags)
     none = np.zeros(0, np.int64)
     evict_front(prev, nxt, ends, none, slots, keys, has, scratch, no_rows, no_tags, no_tags)
-    cache_absent(slots, keys, has, no_rows, no_tags, none, none, scratch, ref, 4, prev, nxt, ends)
+    cache_absent(slots, keys, has, no_rows, no_tags, none, none, scratch, none, 4, prev, nxt, ends)
+    fill(none, blocks[:0], 0)

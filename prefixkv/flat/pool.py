@@ -154,7 +154,7 @@ class FlatBlockPool(BlockPool):
         # refcounts and token counts in int64 arrays: Python indexes them as fast as lists, and the
         # compiled batch operations view them (np.frombuffer, per call: an array that exports its
         # buffer cannot grow)
-        self.ref_count = array("q")
+        self.ref_count = array("i")      # (int32: a block held by 2^31 tables is not a thing)
         self.num_tokens = array("q")
         index = self.index
         self._cached = self.cached_map = _IndexMap(index)
@@ -270,7 +270,7 @@ class FlatBlockPool(BlockPool):
     # exception and traceback could keep a frame, and its views, alive) or a growth can run.
     def _acquire_compiled(self, lru: CompiledLRU, arr: np.ndarray) -> bool:
         prev, nxt, ends = lru.views()
-        return lru_kernels.acquire_evictable(np.frombuffer(self.ref_count, np.int64), prev, nxt, ends, arr,
+        return lru_kernels.acquire_evictable(np.frombuffer(self.ref_count, np.int32), prev, nxt, ends, arr,
                                              _NO_FLAGS)
 
     def acquire_hits(self, blocks: Iterable[int], *, distinct: bool = False) -> None:
@@ -282,7 +282,7 @@ class FlatBlockPool(BlockPool):
 
     def _release_compiled(self, lru: CompiledLRU, arr: np.ndarray) -> int:
         """1: released to the LRU; 2: released uncached (to go on the free stack); 0: neither."""
-        ref = np.frombuffer(self.ref_count, np.int64)
+        ref = np.frombuffer(self.ref_count, np.int32)
         prev, nxt, ends = lru.views()
         if lru_kernels.release_cached(ref, self.index.has, prev, nxt, ends, arr):
             return 1
@@ -318,7 +318,7 @@ class FlatBlockPool(BlockPool):
     def _take_compiled(self, lru: CompiledLRU, arr: np.ndarray, tags: np.ndarray | None) -> bool:
         index = self.index
         prev, nxt, ends = lru.views()
-        if not lru_kernels.take_evictable(np.frombuffer(self.ref_count, np.int64), prev, nxt, ends, arr, _NO_FLAGS,
+        if not lru_kernels.take_evictable(np.frombuffer(self.ref_count, np.int32), prev, nxt, ends, arr, _NO_FLAGS,
                                           index.slots, index.keys, index.has, index._given(tags, arr.shape[0]),
                                           index._scratch, index._no_rows, index._no_tags):
             return False
@@ -365,7 +365,7 @@ class FlatBlockPool(BlockPool):
         if lru is None or self._duplicates:
             return super().allocate(n, num_tokens)
         out = self._claim_array(n, lru)
-        lru_kernels.fill(np.frombuffer(self.ref_count, np.int64), out, 1)
+        lru_kernels.fill(np.frombuffer(self.ref_count, np.int32), out, 1)
         if num_tokens is not None:
             lru_kernels.fill(np.frombuffer(self.num_tokens, np.int64), out, num_tokens)
         return out
