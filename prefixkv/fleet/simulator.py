@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import numbers
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import Hashable
@@ -57,12 +58,38 @@ class FleetConfig:
     speedup: float = 1.0             # the pooled reference runs this many times faster
 
     def __post_init__(self) -> None:
+        # Every number checked here, naming its field: nan, inf, booleans and fractions were taken
+        # as given (speedup 0 divided by zero mid-run, nan or negative speedups gave meaningless costs).
+        for name in ("replicas", "capacity", "event_delay", "seed"):
+            _check_integer(name, getattr(self, name))
         if self.replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {self.replicas}")
         if self.capacity < 1:
             raise ValueError(f"capacity must be >= 1 block, got {self.capacity}")
         if self.event_delay < 0:
             raise ValueError(f"event_delay must be >= 0 requests, got {self.event_delay}")
+        for name in ("predict_ttl_s", "lower_tier_credit", "decode_share", "guard_slack", "speedup"):
+            _check_real(name, getattr(self, name))
+        if not math.isfinite(self.speedup) or self.speedup <= 0:
+            raise ValueError(f"speedup must be a finite number > 0, got {self.speedup!r}")
+        if not self.predict_ttl_s > 0:          # inf: predictions never expire
+            raise ValueError(f"predict_ttl_s must be > 0 seconds, got {self.predict_ttl_s!r}")
+        if not 0 <= self.lower_tier_credit <= 1:
+            raise ValueError(f"lower_tier_credit must be in [0, 1], got {self.lower_tier_credit!r}")
+        if not (math.isfinite(self.decode_share) and self.decode_share >= 0):   # inf x 0 running: nan loads
+            raise ValueError(f"decode_share must be a finite number >= 0, got {self.decode_share!r}")
+        if not self.guard_slack >= 0:           # inf: no guard
+            raise ValueError(f"guard_slack must be >= 0, got {self.guard_slack!r}")
+
+
+def _check_integer(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+
+
+def _check_real(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {value!r}")
 
 
 @dataclass
