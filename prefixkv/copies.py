@@ -40,9 +40,11 @@ def _column(blocks, what: str) -> np.ndarray:
             raise TypeError(f"BlockCopies {what} must hold int64 block ids")   # pragma: no cover
     if blocks.ndim != 1:
         raise ValueError(f"BlockCopies {what} must be one-dimensional, got an array of shape {blocks.shape}")
+    if not blocks.shape[0]:
+        return _EMPTY                              # np.array([]) is float64: no ids, nothing to refuse
     if blocks.dtype.kind not in "iu":
         raise TypeError(f"BlockCopies {what} must hold integer block ids, got {blocks.dtype}")
-    if blocks.dtype.kind == "u" and blocks.shape[0] and int(blocks.max()) > np.iinfo(np.int64).max:
+    if blocks.dtype.kind == "u" and int(blocks.max()) > np.iinfo(np.int64).max:
         raise ValueError(f"BlockCopies {what} holds {int(blocks.max())}, past int64")
     return np.array(blocks, dtype=np.int64)
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import operator
 import sys
 from typing import Iterable, Sequence
 
@@ -158,7 +159,24 @@ def _cpu_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return tensor
 
 
-def _resolve_copies(copies: Iterable[tuple[int, int]], *, chained: bool) -> tuple[list[int], list[int]]:
+def _block_id(value, what: str, i: int, pair) -> int:
+    """One block id of pair ``i``: an integer (a Python or numpy int, an integer 0-d tensor);
+    a float, a string or a bool is refused rather than truncated, parsed or taken as 0 / 1."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what}: pair {i} {pair!r} has block id {value!r}, not an integer")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what}: pair {i} {pair!r} has block id {value!r}, not an integer") from None
+
+
+def _check_span(low: int, high: int, what: str, limit: int) -> None:
+    if low < 0 or high >= limit:
+        raise ValueError(f"{what} out of range: values span [{low}, {high}], valid is [0, {limit})")
+
+
+def _resolve_copies(copies: Iterable[tuple[int, int]], *, chained: bool, what: str = "copies",
+                    limits: tuple[str, int, str, int] | None = None) -> tuple[list[int], list[int]]:
     """(src, dst) pairs, run in order, as one gather + one scatter with the same result.
 
     A later pair may read a block an earlier pair wrote (COW of a block that
@@ -166,14 +184,37 @@ def _resolve_copies(copies: Iterable[tuple[int, int]], *, chained: bool) -> tupl
     or overwrite an earlier destination; a gather of all sources followed by a
     scatter would get both wrong. ``chained`` (source and destination in the
     same pool) follows each source back to the block whose *current* content
-    it will hold; in every case the last write to a destination wins.
+    it will hold; in every case the last write to a destination wins. Block ids
+    must be integers and every item a (source, destination) pair (errors name ``what``).
+    ``limits`` (source name, source pool size, destination name, size) range-checks every id
+    given, before the resolution drops any (a self-copy, an overwritten destination).
     """
-    if isinstance(copies, BlockCopies) and not chained and np.unique(copies.dst).shape[0] == len(copies):
-        return copies.src.tolist(), copies.dst.tolist()     # every destination written once: in order
+    if isinstance(copies, BlockCopies):
+        if limits is not None and len(copies):
+            _check_span(int(copies.src.min()), int(copies.src.max()), limits[0], limits[1])
+            _check_span(int(copies.dst.min()), int(copies.dst.max()), limits[2], limits[3])
+        if not chained and np.unique(copies.dst).shape[0] == len(copies):
+            return copies.src.tolist(), copies.dst.tolist()     # every destination written once: in order
+        copies = zip(copies.src.tolist(), copies.dst.tolist())   # int64, checked
+        checked = False
+    else:
+        checked = True
     origin: dict[int, int] = {}
-    for src, dst in copies:
-        src, dst = int(src), int(dst)
+    raw_src: list[int] = []
+    for i, pair in enumerate(copies):
+        if checked:
+            try:
+                src, dst = pair
+            except (TypeError, ValueError):
+                raise ValueError(f"{what}: item {i} must be a (source, destination) pair, got {pair!r}") from None
+            src, dst = _block_id(src, what, i, pair), _block_id(dst, what, i, pair)
+            raw_src.append(src)
+        else:
+            src, dst = pair
         origin[dst] = origin.get(src, src) if chained else src
+    if checked and limits is not None and origin:
+        _check_span(min(raw_src), max(raw_src), limits[0], limits[1])
+        _check_span(min(origin), max(origin), limits[2], limits[3])     # every destination given is a key
     pairs = [(s, d) for d, s in origin.items() if not (chained and s == d)]
     return [s for s, _ in pairs], [d for _, d in pairs]
 
@@ -247,16 +288,20 @@ class KVStore:
 
     # -- helpers -------------------------------------------------------------
     def _index(self, values, what: str, limit: int, device: torch.device, *, stop: int | None = None) -> torch.Tensor:
-        """int64 index tensor on ``device``; range-checked when it is on the CPU (no device sync)."""
+        """int64 index tensor on ``device``; range-checked when the values are on the CPU (lists,
+        arrays, CPU tensors: checked *before* they move to ``device``, so a bad id is a ValueError
+        rather than a device-side assert; values already on the device are trusted, no sync)."""
         if isinstance(values, torch.Tensor):
-            if values.dtype.is_floating_point or values.dtype == torch.bool:
+            if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
                 raise ValueError(f"{what} must hold integers, got {values.dtype}")
-            index = values.to(device=device, dtype=torch.int64).reshape(-1)
+            index = values.reshape(-1)
+            if device.type == "cpu":
+                index = index.to(device)      # to the CPU anyway (a sync): checked there
         else:
             array = np.asarray(values)
             if array.size and not np.issubdtype(array.dtype, np.integer):
                 raise ValueError(f"{what} must hold integers, got {array.dtype}")
-            index = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64).reshape(-1)).to(device)
+            index = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64).reshape(-1))
         if stop is not None:
             if stop > index.numel():
                 raise ValueError(f"{what} has {index.numel()} entries but {stop} are needed")
@@ -265,12 +310,14 @@ class KVStore:
             low, high = int(index.min()), int(index.max())
             if low < 0 or high >= limit:
                 raise ValueError(f"{what} out of range: values span [{low}, {high}], valid is [0, {limit})")
-        return index
+        return index.to(device=device, dtype=torch.int64)
 
     def _layer(self, layer: int) -> int:
+        if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)):
+            raise TypeError(f"layer must be an integer, got {layer!r}")
         if not -self.num_layers <= layer < self.num_layers:
             raise IndexError(f"layer {layer} out of range for {self.num_layers} layer(s)")
-        return layer % self.num_layers
+        return int(layer) % self.num_layers
 
     # -- writes --------------------------------------------------------------
     def write(self, layer: int, slot_mapping, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -311,7 +358,14 @@ class KVStore:
         stream, so run it before that step's ``write`` calls on the same stream
         (the manager's contract) and they see the copied blocks.
         """
-        src, dst = _resolve_copies(copies, chained=True)
+        return self._run_copies(*self._cow_pairs(copies))
+
+    def _cow_pairs(self, copies) -> tuple[list[int], list[int]]:
+        """``copy_blocks``' pairs resolved and checked (integers, in range), nothing moved yet."""
+        return _resolve_copies(copies, chained=True, what="copies",
+                               limits=("copy source block", self.num_blocks, "copy destination block", self.num_blocks))
+
+    def _run_copies(self, src: list[int], dst: list[int]) -> int:
         if not dst:
             return 0
         src_index = self._index(src, "copy source block", self.num_blocks, self.device)
@@ -340,42 +394,57 @@ class KVStore:
     def swap_out(self, copies: Sequence[tuple[int, int]]) -> int:
         """Device -> host for ``(device_block, host_block)`` pairs (``KVCacheManager.swap_out``),
         all layers, K and V. Returns when the host copy is done; returns the blocks copied."""
-        return self._to_host(copies, "swap-out")
+        return self._to_host(*self._host_pairs(copies, "swap-out", to_host=True))
 
     def swap_in(self, copies: Sequence[tuple[int, int]]) -> int:
         """Host -> device for ``(host_block, device_block)`` pairs (``KVCacheManager.swap_in``),
         all layers, K and V; on CUDA queued on the current stream (run it before the
         sequence's next step on that stream). Returns the blocks copied."""
-        return self._to_device(copies, "swap-in")
+        return self._to_device(*self._host_pairs(copies, "swap-in", to_host=False))
 
     def demote(self, demotions: Sequence[tuple[int, int]]) -> int:
         """Evicted device blocks to the host tier: ``(device_block, host_block)`` pairs from
         ``KVCacheManager.take_demotions()``. Run before anything can write those device blocks
         (the step's loads and writes); returns when the host copies are complete."""
-        return self._to_host(demotions, "demotion")
+        return self._to_host(*self._host_pairs(demotions, "demotion", to_host=True))
 
     def load(self, loads: Sequence[tuple[int, int]]) -> int:
         """Host-tier hits to the device: ``(host_block, device_block)`` pairs from
         ``KVCacheManager.take_loads()``, after ``demote`` and before the step's copies and writes
         (queued on the current stream on CUDA, like ``swap_in``)."""
-        return self._to_device(loads, "load")
+        return self._to_device(*self._host_pairs(loads, "load", to_host=False))
 
     def transfer(self, demotions: Sequence[tuple[int, int]], loads: Sequence[tuple[int, int]],
                  copies: Iterable[tuple[int, int]] = ()) -> None:
         """A step's block moves in the order they must run: demotions (they read device blocks
-        about to be reused), loads (they write reused blocks), copy-on-write copies."""
-        self.demote(demotions)
-        self.load(loads)
-        self.copy_blocks(copies)
+        about to be reused), loads (they write reused blocks), copy-on-write copies. All three
+        batches are checked first: a bad pair in any of them raises with nothing moved."""
+        demoted = self._host_pairs(demotions, "demotion", to_host=True)
+        loaded = self._host_pairs(loads, "load", to_host=False)
+        copied = self._cow_pairs(copies)
+        self._to_host(*demoted)
+        self._to_device(*loaded)
+        self._run_copies(*copied)
 
-    def _to_host(self, pairs: Sequence[tuple[int, int]], what: str) -> int:
-        src, dst = _resolve_copies(pairs, chained=False)
+    def _host_pairs(self, pairs, what: str, *, to_host: bool) -> tuple[list[int], list[int], str]:
+        """Device <-> host pairs resolved and checked (integers, in range, host space there),
+        nothing moved yet."""
+        if not isinstance(pairs, (BlockCopies, list, tuple, np.ndarray)):
+            pairs = list(pairs)            # a generator, any iterable of pairs
+        if not len(pairs):
+            return [], [], what
+        host_blocks = self._need_host().shape[2]
+        src_where, src_limit = ("device", self.num_blocks) if to_host else ("host", host_blocks)
+        dst_where, dst_limit = ("host", host_blocks) if to_host else ("device", self.num_blocks)
+        src, dst = _resolve_copies(pairs, chained=False, what=f"{what} pairs",
+                                   limits=(f"{what} {src_where} block", src_limit, f"{what} {dst_where} block", dst_limit))
+        return src, dst, what
+
+    def _to_host(self, src: list[int], dst: list[int], what: str) -> int:
         if not dst:
             return 0
         host = self._need_host()
         if self.device.type == "cpu":
-            self._check_range(src, f"{what} device block", self.num_blocks)
-            self._check_range(dst, f"{what} host block", host.shape[2])
             return _copy_runs(host, dst, self.data, src)
         src_index = self._index(src, f"{what} device block", self.num_blocks, self.device)
         dst_index = self._index(dst, f"{what} host block", host.shape[2], torch.device("cpu"))
@@ -385,14 +454,11 @@ class KVStore:
         host.index_copy_(2, dst_index, pinned)
         return len(dst)
 
-    def _to_device(self, pairs: Sequence[tuple[int, int]], what: str) -> int:
-        src, dst = _resolve_copies(pairs, chained=False)
+    def _to_device(self, src: list[int], dst: list[int], what: str) -> int:
         if not dst:
             return 0
         host = self._need_host()
         if self.device.type == "cpu":
-            self._check_range(src, f"{what} host block", host.shape[2])
-            self._check_range(dst, f"{what} device block", self.num_blocks)
             return _copy_runs(self.data, dst, host, src)
         src_index = self._index(src, f"{what} host block", host.shape[2], torch.device("cpu"))
         dst_index = self._index(dst, f"{what} device block", self.num_blocks, self.device)
@@ -404,12 +470,6 @@ class KVStore:
         # alive until the copy that reads it has run on the stream.
         self.data.index_copy_(2, dst_index, pinned.to(self.device, non_blocking=True))
         return len(dst)
-
-    @staticmethod
-    def _check_range(blocks: list[int], what: str, limit: int) -> None:
-        low, high = min(blocks), max(blocks)
-        if low < 0 or high >= limit:
-            raise ValueError(f"{what} out of range: values span [{low}, {high}], valid is [0, {limit})")
 
     # -- reads ---------------------------------------------------------------
     def gather(self, layer: int, block_table, length: int) -> tuple[torch.Tensor, torch.Tensor]:
