@@ -92,3 +92,26 @@ def test_fleet_config_keeps_valid_numbers():
                          lower_tier_credit=1, decode_share=0, event_delay=0, seed=-3)
     assert config.speedup == 2 and config.replicas == 2
     assert FleetConfig(replicas=1, capacity=1, speedup=0.5).speedup == 0.5
+
+
+# -- 5: check_prompt_tokens and booleans ------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [True, False])
+def test_check_prompt_tokens_refuses_booleans(bad):
+    # True/False were taken as token ids 1 and 0
+    with pytest.raises(InvalidRequestTokens) as info:
+        check_prompt_tokens([5, bad, 7], 100, request_id="r1")
+    assert info.value.position == 1 and info.value.token is bad
+    assert "'r1'" in str(info.value) and "position 1" in str(info.value) and "bool" in str(info.value)
+    with pytest.raises(InvalidRequestTokens, match="prompt 3 of the batch.*position 0"):
+        check_prompt_tokens([bad], None, prompt_index=3)
+
+
+def test_check_prompt_tokens_refuses_boolean_tensors_and_keeps_integers():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(InvalidRequestTokens, match="position 2"):
+        check_prompt_tokens([1, 0, torch.tensor(True)], 100, request_id="r")
+    with pytest.raises(InvalidRequestTokens, match="position 0"):
+        check_prompt_tokens(torch.tensor([True, False]), 100, request_id="r")
+    assert check_prompt_tokens([1, np.int64(2), torch.tensor(3)], 100, request_id="r") == (1, 2, 3)
+    assert check_prompt_tokens(torch.tensor([4, 5]), 100, request_id="r") == (4, 5)

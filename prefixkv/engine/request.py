@@ -91,7 +91,7 @@ class InvalidRequestTokens(InvalidTokens):
         self.vocab_size = vocab_size
         self.prompt_index = prompt_index
         who = f"request {request_id!r}" if request_id is not None else f"prompt {prompt_index} of the batch"
-        if not isinstance(token, int):
+        if isinstance(token, bool) or not isinstance(token, int):
             why = f"is not an integer ({type(token).__name__})"
         elif vocab_size is not None:
             why = f"is outside the model's vocabulary [0, {vocab_size})"
@@ -108,12 +108,18 @@ def check_prompt_tokens(prompt, vocab_size: int | None, request_id=None,
     """``prompt`` as a non-empty tuple of ints, every one in ``[0, vocab_size)`` (``[0, 2**32)`` when
     the vocabulary size is unknown); ``InvalidRequestTokens`` naming the first bad one otherwise,
     ``ValueError`` for an empty prompt.
-    Integers of any kind (numpy, 0-d torch) are accepted; floats and strings are not."""
+    Integers of any kind (numpy, 0-d torch) are accepted; floats, strings and booleans
+    (``True`` is not token id 1) are not."""
     limit = 2**32 if vocab_size is None else min(int(vocab_size), 2**32)
     tokens = []
     for position, value in enumerate(prompt):
         try:
-            token = operator.index(value)
+            if type(value) is int:      # the common case; True/False (type bool) go the long way
+                token = value
+            elif isinstance(value, bool) or str(getattr(value, "dtype", "")) == "torch.bool":
+                raise TypeError("a boolean is not a token id")
+            else:
+                token = operator.index(value)
         except TypeError:
             raise InvalidRequestTokens(request_id, value, position, vocab_size, prompt_index) from None
         if not 0 <= token < limit:
