@@ -222,3 +222,21 @@ def test_pairs_from_a_generator_and_empty_batches_without_host_space():
     bare.transfer([], BlockCopies(), [])
     with pytest.raises(RuntimeError, match="allocate_host"):
         bare.transfer([(0, 0)], [])
+
+
+# -- sizes and lengths ------------------------------------------------------------------------------
+def test_sizes_and_lengths_must_be_integers_naming_the_argument():
+    """``KVStore(spec, 2.5, 4)`` built 2 blocks; ``allocate_host(2.5)`` and ``gather(.., 2.0)``
+    failed inside torch with errors that named neither the argument nor the value."""
+    with pytest.raises(TypeError, match=r"num_blocks.*2\.5"):
+        KVStore(SPEC, 2.5, 4)
+    with pytest.raises(TypeError, match=r"block_size.*4\.0"):
+        KVStore(SPEC, 4, 4.0)
+    store = KVStore(SPEC, np.int64(4), 2)
+    assert store.num_blocks == 4
+    with pytest.raises(TypeError, match=r"num_host_blocks.*2\.5"):
+        store.allocate_host(2.5)
+    with pytest.raises(TypeError, match=r"length.*2\.0"):
+        store.gather(0, [1], 2.0)
+    store.allocate_host(np.int32(3))
+    assert store.num_host_blocks == 3 and store.gather(0, [1], np.int64(2))[0].shape == (2, 1, 2)

@@ -219,6 +219,16 @@ def _resolve_copies(copies: Iterable[tuple[int, int]], *, chained: bool, what: s
     return [s for s, _ in pairs], [d for _, d in pairs]
 
 
+def _count(value, what: str) -> int:
+    """An integer argument (a Python or numpy int; not a bool, a float or a string)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, got {value!r}") from None
+
+
 class KVStore:
     """Per-layer K and V block pools on one torch device.
 
@@ -230,6 +240,7 @@ class KVStore:
 
     def __init__(self, spec: KVSpec, num_blocks: int, block_size: int, device: str | torch.device = "cpu",
                  *, dtype: str | torch.dtype | None = None) -> None:
+        num_blocks, block_size = _count(num_blocks, "num_blocks"), _count(block_size, "block_size")
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         if block_size <= 0:
@@ -377,6 +388,7 @@ class KVStore:
     def allocate_host(self, num_host_blocks: int) -> None:
         """Host memory for ``num_host_blocks`` blocks of every layer's K and V (pinned when the
         pools are on CUDA); pass the same number as ``KVCacheManager(num_host_blocks=...)``."""
+        num_host_blocks = _count(num_host_blocks, "num_host_blocks")
         if num_host_blocks < 0:
             raise ValueError(f"num_host_blocks must be >= 0, got {num_host_blocks}")
         shape = (self.num_layers, 2, num_host_blocks, self.block_size, self.kv_heads, self.head_dim)
@@ -475,6 +487,7 @@ class KVStore:
     def gather(self, layer: int, block_table, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The contiguous ``[length, kv_heads, head_dim]`` K and V of one sequence (tests, debugging)."""
         layer = self._layer(layer)
+        length = _count(length, "length")
         if length < 0:
             raise ValueError(f"length must be >= 0, got {length}")
         needed = -(-length // self.block_size)
