@@ -115,3 +115,23 @@ def test_check_prompt_tokens_refuses_boolean_tensors_and_keeps_integers():
         check_prompt_tokens(torch.tensor([True, False]), 100, request_id="r")
     assert check_prompt_tokens([1, np.int64(2), torch.tensor(3)], 100, request_id="r") == (1, 2, 3)
     assert check_prompt_tokens(torch.tensor([4, 5]), 100, request_id="r") == (4, 5)
+
+
+# -- 6: model_vocab_size ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [256.7, math.nan, math.inf, True, "256"])
+def test_model_vocab_size_refuses_a_non_integer(value):
+    # int(256.7) silently became 256
+    with pytest.raises(ValueError, match="vocab_size"):
+        model_vocab_size(SimpleNamespace(vocab_size=value))
+    with pytest.raises(ValueError, match="vocab_size"):
+        model_vocab_size(SimpleNamespace(config=SimpleNamespace(vocab_size=value)))
+
+
+def test_model_vocab_size_keeps_integers():
+    assert model_vocab_size(SimpleNamespace(vocab_size=256)) == 256
+    assert model_vocab_size(SimpleNamespace(vocab_size=np.int64(64))) == 64
+    assert model_vocab_size(SimpleNamespace(config=SimpleNamespace(vocab_size=32000.0))) == 32000
+    assert model_vocab_size(SimpleNamespace()) is None
+    with pytest.raises(ValueError, match="positive"):
+        model_vocab_size(SimpleNamespace(vocab_size=0))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -101,11 +102,24 @@ def model_vocab_size(model) -> int | None:
     for owner in (model, getattr(model, "config", None)):
         value = getattr(owner, "vocab_size", None)
         if value is not None:
-            value = int(value)
+            value = _vocab_int(value)
             if value <= 0:
                 raise ValueError(f"the model's vocab_size must be positive, got {value}")
             return value
     return None
+
+
+def _vocab_int(value) -> int:
+    """``value`` as an int: an integer (numpy, 0-d torch too) or a float holding one (32000.0);
+    a fraction, nan, inf, a boolean or a string is refused, not truncated (int(256.7) was 256)."""
+    if not isinstance(value, bool) and str(getattr(value, "dtype", "")) not in ("bool", "torch.bool"):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+        if isinstance(value, numbers.Real) and math.isfinite(value) and float(value).is_integer():
+            return int(value)
+    raise ValueError(f"the model's vocab_size must be a positive integer, got {value!r}")
 
 
 class AttentionBackend(Protocol):
