@@ -201,17 +201,21 @@ def _resolve_copies(copies: Iterable[tuple[int, int]], *, chained: bool, what: s
         checked = True
     origin: dict[int, int] = {}
     raw_src: list[int] = []
-    for i, pair in enumerate(copies):
-        if checked:
+    if checked:
+        for i, pair in enumerate(copies):
             try:
                 src, dst = pair
             except (TypeError, ValueError):
                 raise ValueError(f"{what}: item {i} must be a (source, destination) pair, got {pair!r}") from None
-            src, dst = _block_id(src, what, i, pair), _block_id(dst, what, i, pair)
+            if type(src) is not int:       # (a bool is not ``int`` here either)
+                src = _block_id(src, what, i, pair)
+            if type(dst) is not int:
+                dst = _block_id(dst, what, i, pair)
             raw_src.append(src)
-        else:
-            src, dst = pair
-        origin[dst] = origin.get(src, src) if chained else src
+            origin[dst] = origin.get(src, src) if chained else src
+    else:
+        for src, dst in copies:
+            origin[dst] = origin.get(src, src) if chained else src
     if checked and limits is not None and origin:
         _check_span(min(raw_src), max(raw_src), limits[0], limits[1])
         _check_span(min(origin), max(origin), limits[2], limits[3])     # every destination given is a key
