@@ -61,6 +61,8 @@ def plot_file(path: str | os.PathLike, option: str = "--plot") -> Path:
 
 def plot_dir(path: str | os.PathLike, option: str = "--plot") -> Path:
     """A directory ``--plot DIR`` will write images into (created when its parent exists)."""
+    if not os.fspath(path):       # Path('') is the current directory: an empty variable, not a choice
+        raise OutputError(f"{option} needs a directory name, got ''")
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise OutputError(f"{option} {str(path)!r}: it exists and is not a directory")

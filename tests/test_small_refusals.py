@@ -135,3 +135,27 @@ def test_model_vocab_size_keeps_integers():
     assert model_vocab_size(SimpleNamespace()) is None
     with pytest.raises(ValueError, match="positive"):
         model_vocab_size(SimpleNamespace(vocab_size=0))
+
+
+def test_plot_dir_refuses_an_empty_name(tmp_path):
+    """``plot_dir('')`` read '' as the current directory (as ``Path('')`` does): it is refused, as
+    ``plot_file('')`` is, whoever calls it."""
+    from prefixkv.outputs import OutputError, plot_dir
+
+    with pytest.raises(OutputError, match="needs a directory name"):
+        plot_dir("")
+    assert plot_dir(tmp_path / "plots") == tmp_path / "plots"
+
+
+def test_fleet_names_a_trace_folder_given_with_a_trailing_slash(tmp_path, monkeypatch, capsys):
+    """A trace folder given as ``traces/`` whose trace has no requests was reported as ": the trace has
+    no requests" (the basename of a path ending in a slash is ''): the folder is named."""
+    import prefixkv.sim.traces as traces
+    from prefixkv.cli import main
+
+    folder = tmp_path / "emptytraces"
+    folder.mkdir()
+    monkeypatch.setattr(traces, "load_trace", lambda path, fmt="auto": traces.Trace([], 16, name=str(path)))
+    with pytest.raises(SystemExit):
+        main(["fleet", "--trace", str(folder) + "/"])
+    assert "emptytraces: the trace has no requests" in capsys.readouterr().err

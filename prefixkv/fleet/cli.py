@@ -75,7 +75,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         raise ValueError("--trace: an empty path (a trace file or a kv-cache-tester folder is expected)")
     if args.trace:
         trace = load_trace(args.trace, args.format)
-        label = os.path.basename(args.trace)
+        label = os.path.basename(os.path.normpath(args.trace))     # (a folder given as traces/ too)
     else:
         name = args.workload or "default"
         trace = builtin_trace(name)
