@@ -65,7 +65,6 @@ def _warm(words: int) -> None:
     index.setdefault_one(q[2:], 2)
     index.lookup_run(q)
     index.lookup_run_outside(index, q)
-    index.insert_absent(q[:0], np.zeros(0, np.int64))
     index.lookup_many(q)
     index.get(keys[0])
     index.count_held([0, 1])
@@ -296,22 +295,6 @@ class FlatIndex:
         got = np.empty(n, np.int64)
         self.inserted = int(kernels.insert_many(self.slots, self.keys, self.has, q, self._given(tags, n), blocks, got,
                                                 self._scratch))
-        self.count += self.inserted
-        return got
-
-    def insert_absent(self, q: np.ndarray, blocks: np.ndarray, tags: np.ndarray | None = None) -> np.ndarray | None:
-        """``insert_array`` of keys none of which is here yet, checked in the same call: None
-        (nothing changed) when one is. The blocks are the pool's own (they have rows)."""
-        n = min(q.shape[0], blocks.shape[0])
-        if n != q.shape[0] or n != blocks.shape[0]:
-            q, blocks = q[:n], blocks[:n]
-        self._reserve(n)
-        got = np.empty(n, np.int64)
-        done = int(kernels.insert_absent(self.slots, self.keys, self.has, q, self._given(tags, n), blocks, got,
-                                         self._scratch))
-        if done >= 0:
-            return None
-        self.inserted = -1 - done
         self.count += self.inserted
         return got
 
