@@ -205,3 +205,20 @@ class Blocks:
 
     def parent(self, i: int) -> bytes:
         return self.chain[i - 1] if i else self.root
+
+
+@pytest.fixture
+def server(redis_server):
+    """The module's server, emptied for this test."""
+    redis_server.command("FLUSHALL")
+    return redis_server
+
+
+@pytest.fixture
+def raw(server):
+    """A plain redis-py client on ``server``."""
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=server.port)
+    yield client
+    client.close()

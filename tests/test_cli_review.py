@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from prefixkv.cli import main
+from cli_helpers import fails
 
 
 def _mooncake(path, rows):
@@ -28,16 +29,6 @@ def _mooncake(path, rows):
 @pytest.fixture
 def trace(tmp_path):
     return _mooncake(tmp_path / "t.jsonl", [[1, 2, 3], [1, 2, 4], [5, 6], [1, 2, 3], [5, 6, 7], [1, 2, 4]])
-
-
-def fails(capsys, *argv) -> str:
-    """Run ``prefixkv argv``, expect exit status 2, return stderr (which must hold no traceback)."""
-    with pytest.raises(SystemExit) as info:
-        main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert info.value.code == 2, err
-    assert "Traceback" not in err
-    return err
 
 
 def ok(capsys, *argv) -> str:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from prefixkv.cli import main
+from cli_helpers import fails
 from prefixkv.engine.model import model_vocab_size
 from prefixkv.engine.request import InvalidRequestTokens, check_prompt_tokens
 from prefixkv.fleet.simulator import FleetConfig
@@ -26,16 +27,6 @@ def no_builtin(monkeypatch):
     def refuse(*args, **kwargs):
         raise RuntimeError(SENTINEL)
     monkeypatch.setattr(workloads, "builtin_trace", refuse)
-
-
-def fails(capsys, *argv) -> str:
-    """Run ``prefixkv argv``, expect exit status 2, return stderr (which must hold no traceback)."""
-    with pytest.raises(SystemExit) as info:
-        main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    assert info.value.code == 2, err
-    assert "Traceback" not in err
-    return err
 
 
 # -- 1, 2: bench --trace '' / --plot '' ---------------------------------------------------------------

@@ -12,7 +12,7 @@ import socket
 import numpy as np
 import pytest
 
-from redis_fixtures import Blocks, RedisServer, needs_redis, redis_server  # noqa: F401 (fixture)
+from redis_fixtures import Blocks, RedisServer, needs_redis, raw, redis_server, server  # noqa: F401 (fixtures)
 
 pytestmark = needs_redis
 redis = pytest.importorskip("redis")
@@ -28,17 +28,6 @@ OTHER_FP = Fingerprint(weights_digest([("w", np.arange(8, dtype=np.float32) * 2)
                        hash_seed=7)
 
 
-@pytest.fixture
-def server(redis_server):  # noqa: F811
-    redis_server.command("FLUSHALL")
-    return redis_server
-
-
-@pytest.fixture
-def raw(server):
-    client = redis.Redis(host="127.0.0.1", port=server.port)
-    yield client
-    client.close()
 
 
 def stored(store, blocks, start=0, stop=None, contents=False):

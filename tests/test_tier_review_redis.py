@@ -13,7 +13,7 @@ import weakref
 import numpy as np
 import pytest
 
-from redis_fixtures import Blocks, needs_redis, own_redis_server, redis_server  # noqa: F401 (fixtures)
+from redis_fixtures import Blocks, needs_redis, own_redis_server, raw, redis_server, server  # noqa: F401 (fixtures)
 
 pytestmark = needs_redis
 redis = pytest.importorskip("redis")
@@ -36,17 +36,6 @@ def wait_until(check, what, timeout=BOUND_S):
     raise AssertionError(f"not within {timeout} s: {what}")
 
 
-@pytest.fixture
-def server(redis_server):  # noqa: F811
-    redis_server.command("FLUSHALL")
-    return redis_server
-
-
-@pytest.fixture
-def raw(server):
-    client = redis.Redis(host="127.0.0.1", port=server.port)
-    yield client
-    client.close()
 
 
 def stored(store, blocks):
