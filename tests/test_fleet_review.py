@@ -15,7 +15,6 @@ from prefixkv.fleet.simulator import FleetConfig, simulate
 from prefixkv.sim.traces import Trace
 from prefixkv.sim.workloads import builtin_trace
 
-BOUND_S = 15.0
 
 
 # -- simulator ---------------------------------------------------------------------------
@@ -38,130 +37,23 @@ def test_simulated_queue_waits_do_not_depend_on_where_the_trace_clock_starts():
 zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
+from fleet_doubles import BOUND_S, ScriptedWorker, following, holds, stored, until  # noqa: E402
+
 from prefixkv.fleet import wire  # noqa: E402
-from prefixkv.fleet.index import KVIndex  # noqa: E402
-from prefixkv.fleet.subscriber import FleetSubscriber  # noqa: E402
 
 INTERVAL = 10.0    # heartbeat interval the scripted worker announces: the test clock decides expiry
 
 
-def _stored(*hashes, parent=None) -> "wire.BlockStored":
-    return wire.BlockStored(block_hashes=list(hashes), parent_block_hash=parent, token_ids=[], block_size=4,
-                            lora_id=None, medium="GPU", lora_name=None)
-
-
-class Scripted:
-    """A worker's three sockets (XPUB, ROUTER, XPUB) driven by the test."""
-
-    def __init__(self, worker_id: str = "w", incarnation: str = "one") -> None:
-        self.ctx = zmq.Context()
-        self.events, self.replay, self.beats = (self.ctx.socket(k) for k in (zmq.XPUB, zmq.ROUTER, zmq.XPUB))
-        self.endpoints = {}
-        for name, sock in (("events", self.events), ("replay", self.replay), ("heartbeat", self.beats)):
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.bind("tcp://127.0.0.1:0")
-            self.endpoints[name] = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.worker_id, self.incarnation = worker_id, incarnation
-        self.log: dict[int, bytes] = {}
-        self.held: set = set()
-        self.next_seq = 0
-
-    def wait_subscribed(self) -> None:
-        for sock in (self.events, self.beats):
-            sock.setsockopt(zmq.RCVTIMEO, int(BOUND_S * 1000))
-            assert sock.recv()[0] == 1
-
-    def beat(self, worker_id: str | None = None, hash_seed: int | None = 0) -> None:
-        hb = wire.Heartbeat(worker_id=worker_id or self.worker_id, incarnation=self.incarnation, fingerprint="",
-                            block_size=4, hash_seed=hash_seed, free_blocks=100, queued_prefill_tokens=0,
-                            running_requests=0, next_seq=self.next_seq, interval_s=INTERVAL, ts=time.time())
-        self.beats.send_multipart([wire.HEARTBEAT_TOPIC, wire.encode(hb)])
-
-    def publish(self, *events, lost: bool = False) -> int:
-        seq = self.next_seq
-        self.next_seq += 1
-        payload = wire.encode(wire.KVEventBatch(ts=time.time(), events=list(events), data_parallel_rank=0))
-        self.log[seq] = payload
-        for e in events:
-            if isinstance(e, wire.BlockStored):
-                self.held.update(e.block_hashes)
-            elif isinstance(e, wire.BlockRemoved):
-                self.held.difference_update(e.block_hashes)
-            else:
-                self.held.clear()
-        if not lost:
-            self.events.send_multipart([b"", wire.seq_bytes(seq), payload])
-        return seq
-
-    def take_requests(self) -> list:
-        out = []
-        while self.replay.poll(0):
-            client, _, request = self.replay.recv_multipart()
-            out.append((client, request))
-        return out
-
-    def answer(self, client: bytes, request: bytes) -> None:
-        if request == wire.SNAPSHOT_REQUEST:
-            batch = wire.KVEventBatch(ts=time.time(), events=[wire.AllBlocksCleared(), _stored(*sorted(self.held))])
-            self.replay.send_multipart([client, b"", b"", wire.seq_bytes(self.next_seq), wire.encode(batch)])
-        else:
-            start = int.from_bytes(request, "big")
-            for seq in sorted(self.log):
-                if seq >= start:
-                    self.replay.send_multipart([client, b"", b"", wire.seq_bytes(seq), self.log[seq]])
-        self.replay.send_multipart([client, b"", b"", wire.END_SEQ, b""])
-
-    def close(self) -> None:
-        for sock in (self.events, self.replay, self.beats):
-            sock.close(0)
-        self.ctx.term()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def follow():
-    worker, clock = Scripted(), Clock()
-    sub = FleetSubscriber(KVIndex(), clock=clock)
-    sub.connect("w", worker.endpoints)
-    worker.wait_subscribed()
-    try:
-        yield worker, sub, clock
-    finally:
-        sub.close()
-        worker.close()
-
-
-def _until(sub, condition, worker=None, bound: float = BOUND_S, answer=True):
-    """Poll until ``condition()``; replay requests are answered (``answer``) or collected."""
-    end = time.monotonic() + bound
-    taken = []
-    while time.monotonic() < end:
-        sub.poll(0.02)
-        if worker is not None:
-            for client, request in worker.take_requests():
-                taken.append(request)
-                if answer:
-                    worker.answer(client, request)
-        if condition():
-            return taken
-    raise AssertionError(f"condition not met within {bound} s")
-
-
-def _holds(sub, hashes, worker_id: str = "w") -> bool:
-    return worker_id in sub.index and set(hashes) <= sub.index.blocks_of(worker_id)
+    with following(INTERVAL) as trio:
+        yield trio
 
 
 def _alive(worker, sub, clock) -> None:
     worker.beat()
     link = sub.link("w")
-    _until(sub, lambda: link.heartbeat is not None and link.last_seen == clock.now)
+    until(sub, lambda: link.heartbeat is not None and link.last_seen == clock.now)
 
 
 def _requests(sub, worker, bound: float = BOUND_S) -> list:
@@ -181,13 +73,13 @@ def test_a_snapshot_keeps_the_workers_predicted_inserts(follow):
     worker, sub, clock = follow
     link = sub.link("w")
     _alive(worker, sub, clock)
-    worker.publish(_stored(1))
-    _until(sub, lambda: _holds(sub, {1}))
+    worker.publish(stored(1))
+    until(sub, lambda: holds(sub, {1}))
     sub.index.predict("w", [1, 50, 51], now=0.0)      # routed there, its events not in yet
-    worker.publish(_stored(2, parent=1), lost=True)
+    worker.publish(stored(2, parent=1), lost=True)
     del worker.log[1]                                 # the replay falls short: a snapshot
-    worker.publish(_stored(3, parent=2))
-    _until(sub, lambda: _holds(sub, {1, 2, 3}) and link.asking is None, worker)
+    worker.publish(stored(3, parent=2))
+    until(sub, lambda: holds(sub, {1, 2, 3}) and link.asking is None, worker)
     assert link.expected == 3
     assert sub.index.overlaps([1, 50, 51], ["w"]) == [(3, 3)]
 
@@ -198,9 +90,9 @@ def test_a_vllm_worker_followed_late_is_picked_up_where_its_stream_is(follow):
     the snapshot fell through, and forgetting it raised UnknownWorker out of poll()."""
     worker, sub, _ = follow
     link = sub.link("w")
-    worker.publish(_stored(1), lost=True)
+    worker.publish(stored(1), lost=True)
     del worker.log[0]                                 # out of vLLM's replay buffer
-    worker.publish(_stored(2, parent=1))
+    worker.publish(stored(2, parent=1))
 
     def vllm_answers():
         for client, request in worker.take_requests():
@@ -211,7 +103,7 @@ def test_a_vllm_worker_followed_late_is_picked_up_where_its_stream_is(follow):
             worker.replay.send_multipart([client, b"", b"", wire.END_SEQ, b""])
         return link.expected == 2 and link.asking is None
 
-    _until(sub, vllm_answers)
+    until(sub, vllm_answers)
     assert sub.index.blocks_of("w") == {2} and not link.pending
 
 
@@ -223,16 +115,16 @@ def test_a_garbage_live_frame_is_refused_before_it_changes_anything(follow, seq)
     worker, sub, clock = follow
     link = sub.link("w")
     _alive(worker, sub, clock)
-    worker.publish(_stored(1))
-    worker.publish(_stored(2, parent=1))
-    _until(sub, lambda: _holds(sub, {1, 2}) and link.expected == 2)
+    worker.publish(stored(1))
+    worker.publish(stored(2, parent=1))
+    until(sub, lambda: holds(sub, {1, 2}) and link.expected == 2)
     worker.events.send_multipart([b"", wire.seq_bytes(seq), b"\x01\x02"])
     with pytest.raises(wire.WireError, match="not a KVEventBatch"):
-        _until(sub, lambda: False, bound=5.0)
+        until(sub, lambda: False, bound=5.0)
     assert sub.index.blocks_of("w") == {1, 2} and link.expected == 2 and link.live_high == 1
     assert link.asking is None and not link.pending
-    worker.publish(_stored(3, parent=2))
-    _until(sub, lambda: _holds(sub, {1, 2, 3}), worker, bound=5.0)
+    worker.publish(stored(3, parent=2))
+    until(sub, lambda: holds(sub, {1, 2, 3}), worker, bound=5.0)
     assert sub.index.blocks_of("w") == {1, 2, 3}
 
 
@@ -242,7 +134,7 @@ def test_a_heartbeat_from_another_worker_is_refused_by_name_and_changes_nothing(
     worker, sub, _ = follow
     worker.beat(worker_id="w7")
     with pytest.raises(wire.WireError, match="worker 'w'.*heartbeat.*'w7'"):
-        _until(sub, lambda: False, bound=5.0)
+        until(sub, lambda: False, bound=5.0)
     link = sub.link("w")
     assert link.heartbeat is None and link.incarnation is None and link.asking is None
     assert "w" not in sub.index and sub.live_workers() == []
@@ -254,12 +146,12 @@ def test_a_lost_replay_reply_is_asked_for_again(follow):
     worker, sub, clock = follow
     link = sub.link("w")
     _alive(worker, sub, clock)
-    worker.publish(_stored(1), lost=True)
-    worker.publish(_stored(2, parent=1))
+    worker.publish(stored(1), lost=True)
+    worker.publish(stored(2, parent=1))
     assert _requests(sub, worker)                     # asked; the reply never comes
     clock.now += 5.0                                  # well within the worker's liveness (3 x 10 s)
     worker.beat()
-    _until(sub, lambda: _holds(sub, {1, 2}) and link.asking is None, worker, bound=5.0)
+    until(sub, lambda: holds(sub, {1, 2}) and link.asking is None, worker, bound=5.0)
     assert link.expected == 2 and not link.pending and "w" in {lk.worker_id for lk in sub.live_workers()}
 
 
@@ -267,9 +159,9 @@ def test_a_lost_snapshot_end_marker_does_not_block_repair_forever(follow):
     worker, sub, clock = follow
     link = sub.link("w")
     _alive(worker, sub, clock)
-    worker.publish(_stored(1), lost=True)
+    worker.publish(stored(1), lost=True)
     del worker.log[0]                                 # the replay falls short: a snapshot is asked
-    worker.publish(_stored(2, parent=1))
+    worker.publish(stored(2, parent=1))
     end = time.monotonic() + BOUND_S
     snapshot = None
     while snapshot is None and time.monotonic() < end:
@@ -280,13 +172,13 @@ def test_a_lost_snapshot_end_marker_does_not_block_repair_forever(follow):
             else:
                 worker.answer(client, request)
     assert snapshot is not None
-    batch = wire.KVEventBatch(ts=time.time(), events=[wire.AllBlocksCleared(), _stored(1, 2)])
+    batch = wire.KVEventBatch(ts=time.time(), events=[wire.AllBlocksCleared(), stored(1, 2)])
     worker.replay.send_multipart([snapshot, b"", b"", wire.seq_bytes(2), wire.encode(batch)])   # no end marker
-    _until(sub, lambda: _holds(sub, {1, 2}))
-    worker.publish(_stored(3, parent=2), lost=True)   # announced by the next heartbeat only
+    until(sub, lambda: holds(sub, {1, 2}))
+    worker.publish(stored(3, parent=2), lost=True)   # announced by the next heartbeat only
     clock.now += 5.0
     worker.beat()
-    _until(sub, lambda: _holds(sub, {1, 2, 3}), worker, bound=5.0)
+    until(sub, lambda: holds(sub, {1, 2, 3}), worker, bound=5.0)
     assert link.expected == 3
 
 
@@ -323,23 +215,23 @@ def test_a_worker_hashing_with_another_seed_is_not_routed_to():
     from prefixkv.fleet.router import NoWorkerAvailable
     from prefixkv.fleet.subscriber import FleetRouter
 
-    odd, good = Scripted("odd"), Scripted("good")
+    odd, good = ScriptedWorker("odd", interval=INTERVAL), ScriptedWorker("good", interval=INTERVAL)
     router = FleetRouter("kv-aware+guard", block_size=4, hash_seed=0)
     try:
         router.connect("odd", odd.endpoints)
         odd.wait_subscribed()
         odd.beat(hash_seed=1)
         link = router.subscriber.link("odd")
-        _until(router.subscriber, lambda: link.heartbeat is not None)
+        until(router.subscriber, lambda: link.heartbeat is not None)
         with pytest.raises(NoWorkerAvailable, match="hash seed 0.*'', 4, 1"):
             router.pick(list(range(9)))
         router.connect("good", good.endpoints)
         good.wait_subscribed()
         good.beat(hash_seed=0)
-        _until(router.subscriber, lambda: router.subscriber.link("good").heartbeat is not None)
+        until(router.subscriber, lambda: router.subscriber.link("good").heartbeat is not None)
         assert {router.pick(list(range(9))).worker_id for _ in range(10)} == {"good"}
         odd.beat(hash_seed=None)
-        _until(router.subscriber, lambda: link.heartbeat.hash_seed is None)
+        until(router.subscriber, lambda: link.heartbeat.hash_seed is None)
         assert {router.pick(list(range(9))).worker_id for _ in range(10)} == {"good"}
     finally:
         router.close()

@@ -1,7 +1,7 @@
 """The publisher's and subscriber's edges on real ZMQ sockets on 127.0.0.1 (in process).
 
-A scripted worker (``FakeWorker``: raw PUB, ROUTER and heartbeat PUB sockets speaking the
-wire format) lets a test decide which batches reach the router and when, and how (or
+A scripted worker (``fleet_doubles.ScriptedWorker``: raw PUB, ROUTER and heartbeat PUB sockets
+speaking the wire format) lets a test decide which batches reach the router and when, and how (or
 whether) each replay request is answered; every wait is a bounded loop.
 """
 
@@ -19,7 +19,7 @@ from prefixkv.events import BlockStored as CoreStored  # noqa: E402
 from prefixkv.fleet import wire  # noqa: E402
 from prefixkv.fleet.publisher import KVEventPublisher  # noqa: E402
 
-BOUND_S = 15.0
+from fleet_doubles import BOUND_S, ScriptedWorker, following, holds, stored, until  # noqa: E402
 
 
 def _free_port() -> int:
@@ -53,118 +53,11 @@ from prefixkv.fleet.subscriber import FleetSubscriber  # noqa: E402
 INTERVAL = 0.1
 
 
-def _stored(*hashes: int, parent: int | None = None) -> wire.BlockStored:
-    return wire.BlockStored(block_hashes=list(hashes), parent_block_hash=parent, token_ids=[], block_size=4,
-                            lora_id=None, medium="GPU", lora_name=None)
-
-
-class FakeWorker:
-    """A worker's three sockets driven by the test. XPUB sockets: a subscription message
-    says the router's SUB socket is connected, so nothing is lost to the slow-joiner rule."""
-
-    def __init__(self, incarnation: str = "one") -> None:
-        self.ctx = zmq.Context()
-        self.events, self.replay, self.beats = (self.ctx.socket(k) for k in (zmq.XPUB, zmq.ROUTER, zmq.XPUB))
-        self.endpoints = {}
-        for name, sock in (("events", self.events), ("replay", self.replay), ("heartbeat", self.beats)):
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.bind("tcp://127.0.0.1:0")
-            self.endpoints[name] = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.incarnation = incarnation
-        self.log: dict[int, bytes] = {}       # seq -> payload: what a replay answers from
-        self.held: set = set()
-        self.next_seq = 0
-        self.requests: list[bytes] = []       # every replay request received, in order
-
-    def wait_subscribed(self, sub: FleetSubscriber) -> None:
-        for sock in (self.events, self.beats):
-            sock.setsockopt(zmq.RCVTIMEO, int(BOUND_S * 1000))
-            assert sock.recv()[0] == 1          # a subscription
-
-    def beat(self) -> None:
-        hb = wire.Heartbeat(worker_id="w", incarnation=self.incarnation, fingerprint="", block_size=4, hash_seed=0,
-                            free_blocks=100, queued_prefill_tokens=0, running_requests=0, next_seq=self.next_seq,
-                            interval_s=INTERVAL, ts=time.time())
-        self.beats.send_multipart([wire.HEARTBEAT_TOPIC, wire.encode(hb)])
-
-    def publish(self, *events, lost: bool = False) -> int:
-        seq = self.next_seq
-        self.next_seq += 1
-        payload = wire.encode(wire.KVEventBatch(ts=time.time(), events=list(events), data_parallel_rank=0))
-        self.log[seq] = payload
-        for e in events:
-            if isinstance(e, wire.BlockStored):
-                self.held.update(e.block_hashes)
-            elif isinstance(e, wire.BlockRemoved):
-                self.held.difference_update(e.block_hashes)
-            else:
-                self.held.clear()
-        if not lost:
-            self.events.send_multipart([b"", wire.seq_bytes(seq), payload])
-        return seq
-
-    def take_requests(self) -> list[tuple[bytes, bytes]]:
-        out = []
-        while self.replay.poll(0):
-            client, _, request = self.replay.recv_multipart()
-            self.requests.append(request)
-            out.append((client, request))
-        return out
-
-    def answer(self, client: bytes, request: bytes) -> None:
-        if request == wire.SNAPSHOT_REQUEST:
-            batch = wire.KVEventBatch(ts=time.time(), events=[wire.AllBlocksCleared(), _stored(*sorted(self.held))])
-            self.replay.send_multipart([client, b"", b"", wire.seq_bytes(self.next_seq), wire.encode(batch)])
-        else:
-            start = int.from_bytes(request, "big")
-            for seq in sorted(self.log):
-                if seq >= start:
-                    self.replay.send_multipart([client, b"", b"", wire.seq_bytes(seq), self.log[seq]])
-        self.replay.send_multipart([client, b"", b"", wire.END_SEQ, b""])
-
-    def close(self) -> None:
-        for sock in (self.events, self.replay, self.beats):
-            sock.close(0)
-        self.ctx.term()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def follow():
     """(worker, subscriber, clock): a scripted worker followed by a subscriber on a test clock."""
-    worker, clock = FakeWorker(), Clock()
-    sub = FleetSubscriber(KVIndex(), clock=clock)
-    sub.connect("w", worker.endpoints)
-    worker.wait_subscribed(sub)
-    try:
-        yield worker, sub, clock
-    finally:
-        sub.close()
-        worker.close()
-
-
-def _until(sub: FleetSubscriber, condition, worker: FakeWorker | None = None, bound: float = BOUND_S) -> None:
-    """Poll (answering the worker's replay requests, when given one) until ``condition()``."""
-    end = time.monotonic() + bound
-    while time.monotonic() < end:
-        sub.poll(0.02)
-        if worker is not None:
-            for client, request in worker.take_requests():
-                worker.answer(client, request)
-        if condition():
-            return
-    raise AssertionError(f"condition not met within {bound} s")
-
-
-def _holds(sub: FleetSubscriber, hashes) -> bool:
-    return "w" in sub.index and set(hashes) <= sub.index.blocks_of("w")
+    with following(INTERVAL) as trio:
+        yield trio
 
 
 def test_pending_overflow_during_a_replay_loses_no_batch(follow, monkeypatch):
@@ -174,14 +67,14 @@ def test_pending_overflow_during_a_replay_loses_no_batch(follow, monkeypatch):
     monkeypatch.setattr(subscriber_module, "MAX_PENDING", 2)
     link = sub.link("w")
     worker.beat()
-    _until(sub, lambda: link.heartbeat is not None)
-    worker.publish(_stored(1), lost=True)
+    until(sub, lambda: link.heartbeat is not None)
+    worker.publish(stored(1), lost=True)
     for h in (2, 3, 4):
-        worker.publish(_stored(h, parent=h - 1))
-    _until(sub, lambda: link.live_high == 3)            # the replay was asked for at seq 1, overflow at 3
-    _until(sub, lambda: _holds(sub, {1, 2, 3, 4}) and link.asking is None and not link.pending, worker)
-    worker.publish(_stored(5, parent=4))
-    _until(sub, lambda: _holds(sub, {1, 2, 3, 4, 5}), worker, bound=5.0)
+        worker.publish(stored(h, parent=h - 1))
+    until(sub, lambda: link.live_high == 3)            # the replay was asked for at seq 1, overflow at 3
+    until(sub, lambda: holds(sub, {1, 2, 3, 4}) and link.asking is None and not link.pending, worker)
+    worker.publish(stored(5, parent=4))
+    until(sub, lambda: holds(sub, {1, 2, 3, 4, 5}), worker, bound=5.0)
     assert sub.index.blocks_of("w") == {1, 2, 3, 4, 5} and link.expected == worker.next_seq
 
 
@@ -190,19 +83,19 @@ def test_a_replay_asked_of_a_worker_that_then_died_is_asked_again_after_its_rest
     worker, sub, clock = follow
     link = sub.link("w")
     worker.beat()
-    _until(sub, lambda: link.heartbeat is not None)
-    worker.publish(_stored(1), lost=True)
-    worker.publish(_stored(2, parent=1))
-    _until(sub, lambda: worker.take_requests() or False)   # asked; the worker dies without answering
+    until(sub, lambda: link.heartbeat is not None)
+    worker.publish(stored(1), lost=True)
+    worker.publish(stored(2, parent=1))
+    until(sub, lambda: worker.take_requests() or False)   # asked; the worker dies without answering
     clock.now += 10 * INTERVAL
     sub.poll(0)
     assert "w" not in sub.index                             # silent for 3 heartbeats: removed
     # It comes back as a new incarnation whose first batches the router never saw.
     worker.incarnation, worker.log, worker.held, worker.next_seq = "two", {}, set(), 0
-    worker.publish(_stored(7), lost=True)
-    worker.publish(_stored(8, parent=7), lost=True)
+    worker.publish(stored(7), lost=True)
+    worker.publish(stored(8, parent=7), lost=True)
     worker.beat()
-    _until(sub, lambda: _holds(sub, {7, 8}), worker, bound=5.0)
+    until(sub, lambda: holds(sub, {7, 8}), worker, bound=5.0)
 
 
 def test_a_refused_connect_names_the_problem_and_leaves_nothing_open():
@@ -217,10 +110,10 @@ def test_a_refused_connect_names_the_problem_and_leaves_nothing_open():
         sub.connect("w", {"events": "tcp://127.0.0.1:5999", "replay": "tcp://127.0.0.1:5998",
                           "heartbeat": "nonsense"})
     kept.append(bad)
-    worker = FakeWorker()
+    worker = ScriptedWorker()
     try:
         sub.connect("w", worker.endpoints)          # the id was not taken by the failed attempts
-        worker.wait_subscribed(sub)
+        worker.wait_subscribed()
     finally:
         closer = threading.Thread(target=sub.close, daemon=True)
         closer.start()
@@ -243,11 +136,11 @@ def test_set_load_takes_numpy_integers_and_refuses_what_the_heartbeat_cannot_car
             with pytest.raises(ValueError, match="running_requests"):
                 pub.set_load(free_blocks=5, running_requests=-1)
             link = sub.link("w")
-            _until(sub, lambda: link.heartbeat is not None and link.heartbeat.free_blocks == 5)
+            until(sub, lambda: link.heartbeat is not None and link.heartbeat.free_blocks == 5)
             hb = link.heartbeat
             assert (hb.queued_prefill_tokens, hb.running_requests) == (7, 2)
             pub.publish([CoreStored(b"a" * 16, None, 4, None, 0)])
-            _until(sub, lambda: _holds(sub, {b"a" * 16}))
+            until(sub, lambda: holds(sub, {b"a" * 16}))
         finally:
             sub.close()
 
@@ -259,13 +152,13 @@ def test_a_batch_msgpack_cannot_carry_is_refused_by_publish_and_takes_no_sequenc
         sub.connect("w", pub.endpoints)
         try:
             link = sub.link("w")
-            _until(sub, lambda: link.heartbeat is not None)
+            until(sub, lambda: link.heartbeat is not None)
             with pytest.raises((ValueError, OverflowError), match="64-bit"):
                 pub.publish([CoreStored(2**64, None, 4, None, 0)])
             pub.publish([CoreStored(5, None, 4, None, 0)])
-            _until(sub, lambda: _holds(sub, {5}))
+            until(sub, lambda: holds(sub, {5}))
             assert link.expected == 1 and link.live_high == 0      # the refused batch took no number
-            _until(sub, lambda: link.heartbeat.next_seq == 1)      # and the thread still beats
+            until(sub, lambda: link.heartbeat.next_seq == 1)      # and the thread still beats
         finally:
             sub.close()
 
@@ -315,10 +208,10 @@ def test_a_snapshot_is_kept_when_an_announced_batch_arrives_after_its_end_marker
     worker, sub, _ = follow
     link = sub.link("w")
     worker.beat()
-    _until(sub, lambda: link.heartbeat is not None)
-    worker.publish(_stored(1), lost=True)
+    until(sub, lambda: link.heartbeat is not None)
+    worker.publish(stored(1), lost=True)
     del worker.log[0]                                  # gone from the replay buffer: a snapshot is needed
-    worker.publish(_stored(2, parent=1))
+    worker.publish(stored(2, parent=1))
     snapshot_from = []
 
     def serve_replays_until_a_snapshot_request():
@@ -329,18 +222,18 @@ def test_a_snapshot_is_kept_when_an_announced_batch_arrives_after_its_end_marker
                 worker.answer(client, request)
         return bool(snapshot_from)
 
-    _until(sub, serve_replays_until_a_snapshot_request)
-    snapshot = wire.KVEventBatch(ts=time.time(), events=[wire.AllBlocksCleared(), _stored(1, 2)])
-    later = worker.publish(_stored(3, parent=2), lost=True)          # on its way: delivered below
+    until(sub, serve_replays_until_a_snapshot_request)
+    snapshot = wire.KVEventBatch(ts=time.time(), events=[wire.AllBlocksCleared(), stored(1, 2)])
+    later = worker.publish(stored(3, parent=2), lost=True)          # on its way: delivered below
     worker.beat()                                                     # announces it (next_seq 3)
-    _until(sub, lambda: link.heartbeat.next_seq == 3)
+    until(sub, lambda: link.heartbeat.next_seq == 3)
     client = snapshot_from[0]
     worker.replay.send_multipart([client, b"", b"", wire.seq_bytes(2), wire.encode(snapshot)])
     worker.replay.send_multipart([client, b"", b"", wire.END_SEQ, b""])
-    _until(sub, lambda: link.asking is None)
+    until(sub, lambda: link.asking is None)
     assert sub.index.blocks_of("w") == {1, 2}
     worker.events.send_multipart([b"", wire.seq_bytes(later), worker.log[later]])
-    _until(sub, lambda: _holds(sub, {1, 2, 3}), worker, bound=5.0)
+    until(sub, lambda: holds(sub, {1, 2, 3}), worker, bound=5.0)
     assert link.expected == 3
 
 
@@ -348,4 +241,4 @@ def test_a_frame_that_is_not_a_batch_names_its_worker_and_socket(follow):
     worker, sub, _ = follow
     worker.events.send_multipart([b"", wire.seq_bytes(0), b"\x01\x02"])
     with pytest.raises(wire.WireError, match="worker 'w'.*events.*not a KVEventBatch"):
-        _until(sub, lambda: False, bound=5.0)
+        until(sub, lambda: False, bound=5.0)
