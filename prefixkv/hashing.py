@@ -134,15 +134,17 @@ def _check_key(argument: str, value: object) -> None:
 
 
 def _typed(value: str | bytes | int) -> bytes:
+    # ExtraKeys and MultiModalItem refuse such values when made; this guards the encoding itself.
+    # InvalidArgument is the TypeError these raised before they named the argument.
     if isinstance(value, bool):
-        raise TypeError("extra key values must be str, bytes or int, not bool")
+        raise InvalidArgument("extra", "extra key values must be str, bytes or int, not bool")
     if isinstance(value, str):
         return b"s" + value.encode("utf-8")
     if isinstance(value, bytes):
         return b"b" + value
     if isinstance(value, int):
         return b"i" + value.to_bytes((value.bit_length() + 8) // 8 + 1, "little", signed=True)
-    raise TypeError(f"extra key values must be str, bytes or int, got {type(value).__name__}")
+    raise InvalidArgument("extra", f"extra key values must be str, bytes or int, got {type(value).__name__}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +167,11 @@ class MultiModalItem:
                 raise InvalidArgument(name, f"a multimodal item's {name} must be an int, got "
                                             f"{type(value).__name__} {value!r}")
             object.__setattr__(self, name, int(value))
-        if self.start < 0 or self.length <= 0:
-            raise ValueError(f"multimodal item needs start >= 0 and length > 0, got {self}")
+        # InvalidArgument is the ValueError these raised before they named the field
+        if self.start < 0:
+            raise InvalidArgument("start", f"a multimodal item needs start >= 0, got {self}")
+        if self.length <= 0:
+            raise InvalidArgument("length", f"a multimodal item needs length > 0, got {self}")
         if self.start + self.length > _MAX_POSITION:
             raise InvalidArgument("start", f"a multimodal item must end by position 2**63 - 1 (its offset in a "
                                            f"block is hashed as a signed 64-bit int), got {self}")
@@ -256,14 +261,15 @@ class BlockHasher:
             # the root hashes it as a little-endian uint32 ("<I"): past that, struct.error
             raise InvalidArgument("block_size", f"must be below 2**32 (the chain's root hashes it as a "
                                                 f"uint32), got {block_size}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        # numpy integers are ints here as for block_size (and in the manager): the same digests
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
             raise InvalidArgument("seed", f"the hash seed must be an int or None, got {type(seed).__name__} {seed!r}")
         if not isinstance(algorithm, str) or algorithm not in HASH_ALGORITHMS:   # a list is unhashable
             raise InvalidArgument("algorithm", f"unknown hash algorithm {algorithm!r}; choose from "
                                                f"{sorted(HASH_ALGORITHMS)}")
         self.block_size = block_size
         self.algorithm = algorithm
-        self.seed = _PROCESS_SEED if seed is None else seed
+        self.seed = _PROCESS_SEED if seed is None else int(seed)
         self._digest, self.digest_size = HASH_ALGORITHMS[algorithm]
         seed_bytes = (self.seed % 2**128).to_bytes(16, "little")
         self.root = self._digest(b"prefixkv/root/v1" + seed_bytes + struct.pack("<I", block_size))
@@ -285,8 +291,9 @@ class BlockHasher:
         size = self.block_size
         if not 0 <= first_block <= stop_block or stop_block * size > len(tokens):
             # Else the tokens past the last full block (or none) were hashed as a full block.
-            raise ValueError(f"blocks {first_block}..{stop_block - 1} are not full blocks of "
-                             f"{len(tokens)} tokens at block size {size}")
+            raise InvalidArgument("first_block" if not 0 <= first_block <= stop_block else "stop_block",
+                                  f"blocks {first_block}..{stop_block - 1} are not full blocks of "
+                                  f"{len(tokens)} tokens at block size {size}")
         width = size * TOKEN_BYTES
         digest = self._digest
         prev = self.root if parent is None else parent
@@ -352,12 +359,13 @@ def as_hash_list(block_hashes: Sequence[object]) -> list[object]:
     except TypeError:
         pass
     for i, h in enumerate(out):
+        # InvalidArgument is the ValueError these raised before they named the argument
         if h is None:
-            raise ValueError(f"block hash {i} is None")
+            raise InvalidArgument("block_hashes", f"block hash {i} is None")
         try:
             hash(h)
         except TypeError as exc:
-            raise ValueError(f"block hash {i} ({type(h).__name__}) is not hashable") from exc
+            raise InvalidArgument("block_hashes", f"block hash {i} ({type(h).__name__}) is not hashable") from exc
     return _no_repeats(out)
 
 

@@ -27,7 +27,9 @@ from itertools import compress, repeat
 from operator import itemgetter
 from typing import Any, Hashable, Iterable, Sequence
 
-from .errors import InvariantViolation, OutOfBlocks, PolicyError
+import numpy as np
+
+from .errors import InvalidArgument, InvariantViolation, OutOfBlocks, PolicyError
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .hashing import ExtraKeys
 
@@ -45,6 +47,18 @@ def _batch_method(policy, single: str, batch: str):
 # and from which a batch of insertions does (see publish_many): measured on a 32 MiB L3.
 _MAP_OUTGROWS_CACHES = 1 << 16
 _MAP_OUTGROWS_LLC = 1 << 19
+
+
+def _size(name: str, value) -> int:
+    """A positive size as an int: a numpy integer is taken, a bool, a float or a string refused
+    (``InvalidArgument``: the TypeError a comparison with 0 raised, or the ValueError a size below 1
+    raised, before it named the argument)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgument(name, f"must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if value <= 0:
+        raise InvalidArgument(name, f"must be positive, got {value}")
+    return value
 
 
 def gather(values: Sequence, indices: Sequence[int]) -> Sequence:
@@ -79,10 +93,11 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, block_size: int, policy, *, verify: bool = False,
                  record_events: bool = False, track_reuse: bool = False, medium: str | None = None) -> None:
-        if num_blocks <= 0:
-            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
-        if block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {block_size}")
+        num_blocks, block_size = _size("num_blocks", num_blocks), _size("block_size", block_size)
+        if getattr(policy, "pool", None) is not None:
+            # (before anything is built) InvalidArgument is the ValueError this raised before
+            raise InvalidArgument("policy", f"this {type(policy).__name__} object already serves another pool; a "
+                                  "policy keeps per-pool state, so give each pool (each replay) a fresh one or a name")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.verify = verify
@@ -128,9 +143,6 @@ class BlockPool:
         # Called as on_evict_many(blocks, hashes) once per eviction burst, before any of those blocks
         # is reused: the manager demotes them to the host tier there (None: they are simply gone).
         self.on_evict_many = None
-        if getattr(policy, "pool", None) is not None:
-            raise ValueError(f"this {type(policy).__name__} object already serves another pool; a policy "
-                             "keeps per-pool state, so give each pool (each replay) a fresh one or a name")
         self.policy = policy
         policy.bind(self)
         self._on_grow = getattr(policy, "on_grow", None)

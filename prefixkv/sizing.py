@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from numbers import Integral
 
+from .errors import InvalidArgument
+
 DTYPE_BYTES = {
     "float32": 4, "fp32": 4,
     "float16": 2, "fp16": 2, "half": 2,
@@ -23,26 +25,32 @@ _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 
 
 def parse_size(text: str | int) -> int:
-    """``"24GiB"`` -> 25769803776. Plain numbers are bytes."""
-    if isinstance(text, int):
+    """``"24GiB"`` -> 25769803776. Plain numbers are bytes.
+
+    Refused with ``InvalidArgument`` naming ``size`` (a ValueError, as before it named it)."""
+    if isinstance(text, Integral) and not isinstance(text, bool):
         if text < 0:
-            raise ValueError(f"size must be >= 0, got {text}")
-        return text
+            raise InvalidArgument("size", f"must be >= 0, got {text}")
+        return int(text)
+    if not isinstance(text, str):
+        # (a float used to reach the regex: a bare TypeError; True was a size of 1 byte)
+        raise InvalidArgument("size", f"expected a byte count or a string such as 24GiB, got "
+                                      f"{type(text).__name__} {text!r}")
     match = _SIZE.match(text)
     if not match:
-        raise ValueError(f"cannot read size {text!r}; write e.g. 24GiB, 512MiB or a byte count")
+        raise InvalidArgument("size", f"cannot read {text!r}; write e.g. 24GiB, 512MiB or a byte count")
     number, unit = match.groups()
     key = unit.lower()
     if key not in _UNITS:
         if key in ("kb", "mb", "gb", "tb", "k", "m", "g", "t"):
-            raise ValueError(f"size {text!r} uses a decimal or ambiguous unit; use KiB/MiB/GiB/TiB "
-                             "(powers of 2) or a plain byte count")
-        raise ValueError(f"unknown size unit {unit!r} in {text!r}; use B, KiB, MiB, GiB or TiB")
+            raise InvalidArgument("size", f"{text!r} uses a decimal or ambiguous unit; use KiB/MiB/GiB/TiB "
+                                          "(powers of 2) or a plain byte count")
+        raise InvalidArgument("size", f"unknown unit {unit!r} in {text!r}; use B, KiB, MiB, GiB or TiB")
     from fractions import Fraction
 
     value = Fraction(number) * _UNITS[key]       # exact: a float loses bytes past 2**53
     if value.denominator != 1:
-        raise ValueError(f"size {text!r} is not a whole number of bytes")
+        raise InvalidArgument("size", f"{text!r} is not a whole number of bytes")
     return int(value)
 
 
@@ -56,9 +64,11 @@ def format_size(num_bytes: int) -> str:
 
 
 def _check_count(name: str, value, positive: bool = False) -> None:
-    """``value`` must be an int (not a bool) >= 0, or > 0 when ``positive``."""
+    """``value`` must be an int (not a bool) >= 0, or > 0 when ``positive`` (``InvalidArgument``
+    naming ``name``: a ValueError, what this raised before it named the argument)."""
     if isinstance(value, bool) or not isinstance(value, Integral) or value < (1 if positive else 0):
-        raise ValueError(f"{name} must be {'a positive' if positive else 'a non-negative'} integer, got {value!r}")
+        raise InvalidArgument(name, f"must be {'a positive' if positive else 'a non-negative'} integer, "
+                                    f"got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,16 +86,19 @@ class KVSpec:
         for name in ("layers", "kv_heads", "head_dim", "tensor_parallel"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, Integral):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise InvalidArgument(name, f"a KVSpec's {name} must be a positive integer, got {value!r}")
             if value <= 0:
-                raise ValueError(f"{name} must be positive, got {value}")
-        if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"unknown dtype {self.dtype!r}; choose from {', '.join(sorted(DTYPE_BYTES))}")
+                raise InvalidArgument(name, f"a KVSpec's {name} must be positive, got {value}")
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPE_BYTES:     # (a list is unhashable)
+            raise InvalidArgument("dtype", f"unknown dtype {self.dtype!r}; choose from "
+                                           f"{', '.join(sorted(DTYPE_BYTES))}")
         tp, heads = self.tensor_parallel, self.kv_heads
         if tp <= heads and heads % tp:
-            raise ValueError(f"{heads} KV heads cannot be split evenly over tensor parallel {tp}")
+            raise InvalidArgument("tensor_parallel", f"{heads} KV heads cannot be split evenly over tensor "
+                                                     f"parallel {tp}")
         if tp > heads and tp % heads:
-            raise ValueError(f"tensor parallel {tp} must be a multiple of the {heads} KV heads to replicate them")
+            raise InvalidArgument("tensor_parallel", f"tensor parallel {tp} must be a multiple of the {heads} KV "
+                                                     "heads to replicate them")
 
     @property
     def dtype_bytes(self) -> int:
@@ -146,10 +159,9 @@ class Plan:
 def plan(spec: KVSpec, block_size: int, pool_bytes: int, prompt_tokens: int, host_pool_bytes: int = 0) -> Plan:
     """How many requests of ``prompt_tokens`` fit, each in whole blocks, no sharing; and how many
     blocks a host pool of ``host_pool_bytes`` holds."""
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
-    if prompt_tokens <= 0:
-        raise ValueError(f"prompt_tokens must be positive, got {prompt_tokens}")
+    # (a float block size planned fractional blocks; a string failed in '<=' as a bare TypeError)
+    _check_count("block_size", block_size, positive=True)
+    _check_count("prompt_tokens", prompt_tokens, positive=True)
     _check_count("pool_bytes", pool_bytes)
     _check_count("host_pool_bytes", host_pool_bytes)
     per_block = spec.bytes_per_block(block_size)
@@ -169,10 +181,13 @@ def plan(spec: KVSpec, block_size: int, pool_bytes: int, prompt_tokens: int, hos
 
 def tail_waste(lengths: list[int], block_size: int) -> dict:
     """Blocks, slots, useful slots and empty tail slots for sequences of ``lengths``."""
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
-    if any(n < 0 for n in lengths):
-        raise ValueError(f"lengths must be >= 0, got {lengths}")
+    _check_count("block_size", block_size, positive=True)
+    if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
+        raise InvalidArgument("lengths", f"expected a sequence of lengths, got {type(lengths).__name__}")
+    lengths = list(lengths)     # (a generator: read once, used three times below)
+    bad = next((n for n in lengths if isinstance(n, bool) or not isinstance(n, Integral) or n < 0), None)
+    if bad is not None:
+        raise InvalidArgument("lengths", f"each must be an integer >= 0, got {bad!r}")
     blocks = sum(-(-n // block_size) for n in lengths)
     slots = blocks * block_size
     useful = sum(lengths)
