@@ -52,3 +52,30 @@ def test_ray_gives_the_process_pools_results(source, local_ray):
 def test_unknown_backend_is_refused(source):
     with pytest.raises(ValueError, match="backend must be one of process, ray"):
         sweep([source], ["lru"], {"default": [10]}, backend="dask")
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not HAS_RAY, reason="ray is not installed (extra [ray])")
+def test_ray_loads_and_puts_each_trace_once(tmp_path, local_ray, monkeypatch):
+    # Every cell of a trace reads the one object the driver put, not a copy pickled into each task.
+    import json
+
+    import ray
+
+    from prefixkv.sim import sweep as sweep_mod
+
+    sources = []
+    for k in range(5):
+        path = tmp_path / f"m{k}.jsonl"
+        path.write_text("".join(json.dumps({"timestamp": i, "input_length": 1024, "output_length": 1,
+                                            "hash_ids": [10 * k + i, 10 * k + i + 1]}) + "\n" for i in range(4)))
+        sources.append(TraceSource(f"m{k}", (str(path),), "mooncake"))
+    loads, puts = [], []
+    real_load, real_put = sweep_mod.load_trace, ray.put
+    monkeypatch.setattr(sweep_mod, "load_trace", lambda path, **kw: loads.append(path) or real_load(path, **kw))
+    monkeypatch.setattr(ray, "put", lambda value, **kw: puts.append(value) or real_put(value, **kw))
+    sweep_mod._forget_trace()
+    results = sweep(sources, ["lru", "fifo"], {s.label: [2, 4, 8] for s in sources}, backend="ray")
+    assert len(results) == 30
+    assert sorted(loads) == sorted(s.paths[0] for s in sources)
+    assert [t.path for t in puts] == [s.paths[0] for s in sources]

@@ -1,8 +1,10 @@
 """``prefixkv compare``: sweep policies x capacities over traces, against MIN.
 
 Every cell is one ``replay`` of the same trace file through the real manager.
-Cells run in parallel worker processes; each worker loads a trace once (from
-its file: generated workloads are written to a file before any replay).
+Cells run in parallel worker processes, one trace after another (a trace's cells
+together, its biggest capacities first); a process holds one trace at a time and loads
+it from its file once (generated workloads are written to a file before any replay), so
+a sweep over N traces loads each at most once per worker, whatever N.
 
 Two backends run the cells: ``process`` (the default: a local process pool) and
 ``ray`` (``prefixkv.sim.ray_backend``: a Ray cluster at ``RAY_ADDRESS``, or a local
@@ -18,7 +20,6 @@ import multiprocessing
 import os
 import signal
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable, Sequence
 
 from ..errors import PrefixKVError
@@ -64,9 +65,27 @@ def _stat(path: str) -> tuple:
     return path, st.st_size, st.st_mtime_ns, st.st_ino
 
 
-@lru_cache(maxsize=4)
+# The one trace this process holds: ((paths, format, signature), trace). Cells run trace by trace
+# (see ``sweep``), so a process never needs an earlier trace again; keeping more only costs memory.
+_held: tuple | None = None
+
+
 def _load_cached(paths: tuple[str, ...], format: str, signature: tuple) -> Trace:
-    return load_trace(list(paths) if len(paths) > 1 else paths[0], format=format)
+    global _held
+    key = (paths, format, signature)
+    held = _held
+    if held is not None and held[0] == key:
+        return held[1]
+    _held = held = None     # let the old trace go before the next one is built: one in memory, not two
+    trace = load_trace(list(paths) if len(paths) > 1 else paths[0], format=format)
+    _held = key, trace
+    return trace
+
+
+def _forget_trace() -> None:
+    """Drop the trace this process holds (its memory, once nothing else refers to it)."""
+    global _held
+    _held = None
 
 
 class SweepInterrupted(KeyboardInterrupt):
@@ -273,9 +292,13 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
     options = dict(mode=mode, warmup=warmup, host_policy=host_policy, transfer_cost=transfer_cost, gate=gate)
     if remote_capacity:
         options.update(remote_capacity=remote_capacity, remote_bytes_per_s=remote_bytes_per_s)
-    # Biggest caches first: they take longest, and the pool drains evenly.
+    # Trace by trace, so that a process loads each trace once and holds one at a time (ordering all
+    # cells by capacity alone cycled every process through every trace once per capacity: with more
+    # traces than it kept, each cell reloaded its trace). Within a trace, biggest caches first: they
+    # take longest, and the pool drains evenly.
+    order = {s.label: k for k, s in enumerate(sources)}
     jobs = sorted(((i, cell, options) for i, cell in enumerate(cells)),
-                  key=lambda j: -(j[1].capacity + j[1].host_capacity))
+                  key=lambda j: (order[j[1].source.label], -(j[1].capacity + j[1].host_capacity)))
     # An explicit count is capped too: a pool larger than the sweep forks idle copies of this process
     # (a local Ray starts a worker per CPU it is given).
     if workers is not None:
