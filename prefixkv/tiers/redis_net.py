@@ -45,7 +45,7 @@ from redis.retry import Retry
 
 from ..errors import PrefixKVError
 
-__all__ = ["RemoteTierError", "NodeDown", "Node", "Topology", "NETWORK_ERRORS", "retries_of", "roundtrip",
+__all__ = ["RemoteTierError", "StoreClosed", "NodeClosed", "NodeDown", "Node", "Topology", "NETWORK_ERRORS", "retries_of", "roundtrip",
            "CLUSTER_SCHEME", "HIREDIS"]
 
 CLUSTER_SCHEME = "redis+cluster://"
@@ -58,6 +58,15 @@ HIREDIS = bool(getattr(redis.utils, "HIREDIS_AVAILABLE", False))
 
 class RemoteTierError(PrefixKVError):
     """An operator call (clear, stats) could not reach the store, or the URL is unusable."""
+
+
+class StoreClosed(RemoteTierError):
+    """A call on a store (or its topology) after ``close()``: nothing was sent, nothing reconnected."""
+
+
+class NodeClosed(RedisConnectionError):
+    """A connection of a closed node was asked to connect. A network error to the code that meets
+    it, so a background round that outlived ``close()`` winds down like one that met a dead node."""
 
 
 class NodeDown(Exception):
@@ -81,7 +90,8 @@ class Node:
     ``fg`` serves the caller's thread (the store serialises foreground calls),
     ``bg`` the store's background thread; neither is shared between threads."""
 
-    __slots__ = ("name", "down", "opens", "closes", "epoch", "error", "fg", "bg", "_kwargs", "_epochs")
+    __slots__ = ("name", "down", "opens", "closes", "epoch", "error", "closed", "fg", "bg", "_kwargs", "_epochs",
+                 "_open_lock")
 
     def __init__(self, name: str, kwargs: dict, timeouts: Timeouts) -> None:
         self.name = name
@@ -90,6 +100,12 @@ class Node:
         self.closes = 0
         self.epoch = 0           # network failures seen; a connection older than the last one reconnects
         self.error: str | None = None   # while down: why (the last failure), e.g. a refused password
+        self.closed = False
+        # Held while a connection opens its socket and while close() sweeps them: a thread that was
+        # mid-call when the node closed (a writer round past close()'s bounded join) cannot open a
+        # socket after the sweep, however the two interleave. Held for one connect at most (bounded
+        # by the connect and socket timeouts), never across a command.
+        self._open_lock = threading.Lock()
         self._kwargs = dict(kwargs, socket_timeout=timeouts.socket_s, socket_connect_timeout=timeouts.connect_s,
                             retry=Retry(NoBackoff(), 0))
         self.fg = self._connection()
@@ -109,7 +125,18 @@ class Node:
     def _connection(self) -> Connection:
         kwargs = dict(self._kwargs)
         cls = kwargs.pop("connection_class", Connection)
-        return cls(**kwargs)
+        conn = cls(**kwargs)
+        # redis-py (re)connects inside any send; this is the one door every (re)connect goes through.
+        opener = conn.connect_check_health
+
+        def connect_unless_closed(*args, **kw):
+            with self._open_lock:
+                if self.closed:
+                    raise NodeClosed(f"{self.name}: the store is closed")
+                return opener(*args, **kw)
+
+        conn.connect_check_health = connect_unless_closed
+        return conn
 
     def trip(self, conn: Connection, exc: BaseException | None = None) -> None:
         """A network failure: drop the connection (its replies are out of step) and open the breaker."""
@@ -123,6 +150,8 @@ class Node:
     def ping(self) -> bool:
         """Background probe: closes the breaker when the server answers (an error reply is an
         answer: a server that refuses PING, e.g. by ACL, is up; LOADING is not ready yet)."""
+        if self.closed:
+            return False
         conn = self.fresh(self.bg)
         try:
             conn.send_command("PING", check_health=False)
@@ -140,16 +169,22 @@ class Node:
         return True
 
     def close(self) -> None:
-        self.fg.disconnect()
-        self.bg.disconnect()
+        """Disconnect both connections for good: neither connects again (``NodeClosed``)."""
+        with self._open_lock:
+            self.closed = True
+            self.fg.disconnect()
+            self.bg.disconnect()
 
 
 def roundtrip(node: Node, conn: Connection, commands: Sequence[tuple]) -> list:
     """Send ``commands`` in one write and read every reply: one round trip.
 
     Returns one entry per command: the reply, or the ``ResponseError`` the
-    server answered. A network failure trips the node's breaker and is raised.
+    server answered. A network failure trips the node's breaker and is raised; a closed node
+    raises ``NodeClosed`` (a network error) without tripping.
     """
+    if node.closed:
+        raise NodeClosed(f"{node.name}: the store is closed")
     node.fresh(conn)
     try:
         conn.send_packed_command(conn.pack_commands(commands), check_health=False)
@@ -310,6 +345,9 @@ def send_all(per_node: Iterable[tuple[Node, list[tuple]]], background: bool = Fa
     sent: list[tuple[Node, Connection, int]] = []
     try:
         for node, commands in per_node:
+            if node.closed:
+                results[node.name] = NodeClosed(f"{node.name}: the store is closed")
+                continue
             if node.down:
                 results[node.name] = NodeDown(node.name)
                 continue

@@ -38,6 +38,8 @@ API contract (what a tier adapter can rely on):
 * ``stats()``: a ``StoreStats`` snapshot; ``capacity_blocks()``, ``server_stats()``
   and ``clear(fingerprint_hex=None)`` are operator calls: they make round trips
   and raise ``RemoteTierError`` where a node cannot be reached.
+* After ``close()`` every call above (``stats`` and ``flush`` aside) raises ``StoreClosed``
+  (a ``RemoteTierError``) and sends nothing: a closed store never reconnects.
 
 Failure: see ``redis_net`` (0.2 s timeouts, no redis-py retries, a breaker per
 node probed every ``probe_interval_s`` by the background thread). A call while
@@ -64,11 +66,12 @@ from ..hashing import BlockHasher
 from .block_codec import Reject, decode
 from .fingerprint import Fingerprint
 from .redis_keys import DEFAULT_PREFIX, GROUP_MAX_BLOCKS, GROUP_MAX_BYTES, KeySpace
-from .redis_net import (HIREDIS, NETWORK_ERRORS, Node, NodeDown, RemoteTierError, Timeouts, Topology, roundtrip,
-                        send_all)
+from .redis_net import (HIREDIS, NETWORK_ERRORS, Node, NodeDown, RemoteTierError, StoreClosed, Timeouts, Topology,
+                        roundtrip, send_all)
 from .redis_writer import BackgroundWriter, Pending
 
-__all__ = ["RedisBlockStore", "RedisStoreConfig", "StoreStats", "Fetched", "RemoteTierError", "PROBE_LUA"]
+__all__ = ["RedisBlockStore", "RedisStoreConfig", "StoreStats", "Fetched", "RemoteTierError", "StoreClosed",
+           "PROBE_LUA"]
 
 # Leading keys present, stopping at the first absent one (all KEYS share one slot).
 PROBE_LUA = ("local n = 0 "
@@ -181,6 +184,7 @@ class RedisBlockStore:
         self._count = dict.fromkeys(_FG_COUNTERS, 0)
         self._rejected: dict[str, int] = {}
         self._fg = threading.Lock()
+        self.closed = False
         self.writer = BackgroundWriter(self.topology, fingerprint, ttl_ms=max(1, int(config.ttl_s * 1000)),
                                        batch_bytes=config.batch_bytes, queue_blocks=config.queue_blocks,
                                        queue_bytes=config.queue_bytes, probe_interval_s=config.probe_interval_s,
@@ -190,8 +194,13 @@ class RedisBlockStore:
         self._shutdown = weakref.finalize(self, _shutdown, self.writer, self.topology)
 
     # -- reads -----------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.closed:
+            raise StoreClosed(f"the block store at {self.url} is closed; build a new one to use it again")
+
     def probe(self, chain: Sequence[bytes], start: int = 0) -> int:
         """Leading blocks of ``chain[start:]`` present on the server (0 when unreachable)."""
+        self._check_open()
         stop = len(chain)
         if start < 0:
             raise ValueError(f"start must be >= 0, got {start}")
@@ -285,6 +294,7 @@ class RedisBlockStore:
 
     def fetch(self, chain: Sequence[bytes], start: int, stop: int, contents: Sequence[bytes] | None = None) -> Fetched:
         """Verified payloads of the leading loadable blocks of ``chain[start:stop]`` (see the module docstring)."""
+        self._check_open()
         if start < 0:
             raise ValueError(f"start must be >= 0, got {start}")
         stop = min(stop, len(chain))
@@ -358,6 +368,7 @@ class RedisBlockStore:
     # -- writes ----------------------------------------------------------------
     def put(self, chain: Sequence[bytes], start: int, payloads: Sequence, contents: Sequence[bytes] | None = None) -> int:
         """Queue blocks ``start..start+len(payloads)-1`` of ``chain`` for writing; returns how many were queued."""
+        self._check_open()
         n = len(payloads)
         if start < 0 or start + n > len(chain):
             raise ValueError(f"blocks {start}..{start + n - 1} are outside a chain of {len(chain)}")
@@ -404,6 +415,7 @@ class RedisBlockStore:
 
     def _operator(self, commands_for) -> dict[str, list]:
         """One round trip per master for an operator call; raises where a node cannot be reached."""
+        self._check_open()
         out = {}
         with self._fg:
             for node in self.topology.masters():
@@ -442,6 +454,7 @@ class RedisBlockStore:
 
         SCAN + UNLINK on every master; each SCAN step is one round trip. ``max_rounds`` bounds the loop
         per node (SCAN always terminates; the bound only guards against a server that misbehaves)."""
+        self._check_open()
         pattern = KeySpace.pattern(self.config.prefix, fingerprint_hex)
         deleted = 0
         with self._fg:
@@ -467,7 +480,11 @@ class RedisBlockStore:
 
     # -- lifetime ---------------------------------------------------------------------
     def close(self, flush_timeout_s: float = 5.0) -> None:
-        """Send what is queued (up to ``flush_timeout_s``), stop the background thread, disconnect."""
+        """Send what is queued (up to ``flush_timeout_s``), stop the background thread, disconnect.
+        Closing twice is a no-op; every later call but ``stats`` and ``flush`` raises ``StoreClosed``."""
+        if self.closed:
+            return
+        self.closed = True
         self.writer.flush(flush_timeout_s)
         self._shutdown()
 

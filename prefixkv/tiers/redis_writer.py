@@ -21,7 +21,9 @@ Contract:
   other reason is counted (``probe_errors``) and retried at the next period: it neither costs
   the round's writes nor makes the thread probe without pause.
 * ``flush(timeout_s)`` waits until the queue and the deletions are empty and the
-  round in flight is done; ``close()`` stops the thread (bounded join).
+  round in flight is done; ``close()`` stops the thread (bounded join). A round still
+  running when the join gives up sends nothing more: it checks ``close()`` before each
+  round trip, and the store's closed nodes refuse to reconnect (``redis_net.NodeClosed``).
 
 Its counters (``counts``) are written by this thread only; ``offer`` and
 ``delete`` count under the queue's lock.
@@ -158,7 +160,7 @@ class BackgroundWriter:
                         self._probe_nodes()
                     except Exception:
                         self.counts["probe_errors"] += 1
-                if deletes:
+                if deletes and not self._closing:
                     self._delete(deletes)
                 if batch:
                     self._write(batch)
@@ -185,11 +187,13 @@ class BackgroundWriter:
         recovery or a MOVED reply, and while a node is down (its replica may have taken its slots)."""
         recovered = still_down = False
         for node in list(self.topology.nodes.values()):
+            if self._closing:       # each PING may cost a timeout: close() does not wait for them
+                return
             if node.down:
                 up = node.ping()
                 recovered |= up
                 still_down |= not up
-        if self.topology.cluster and (recovered or still_down or self.topology.stale):
+        if self.topology.cluster and (recovered or still_down or self.topology.stale) and not self._closing:
             self.topology.refresh()
 
     def _delete(self, keys: list[bytes]) -> None:
@@ -203,7 +207,11 @@ class BackgroundWriter:
                 self.counts["bad_keys_deleted"] += sum(1 for r in reply if r == 1)
 
     def _write(self, batch: list[Pending]) -> None:
-        """EXISTS for the batch (one round trip), then SET NX PX for the missing ones (one more)."""
+        """EXISTS for the batch (one round trip), then SET NX PX for the missing ones (one more).
+        Either round trip is skipped once close() has begun: the batch is dropped as the queue was."""
+        if self._closing:
+            self.counts["dropped_down"] += len(batch)
+            return
         per_node: dict[str, tuple[Node, list]] = {}
         for item in batch:
             node = self.topology.node_for(item.key)
@@ -226,6 +234,9 @@ class BackgroundWriter:
                     missing.setdefault(name, (node, []))[1].append(item)
                 else:
                     self._error(exists)
+        if self._closing:
+            self.counts["dropped_down"] += sum(len(items) for _, items in missing.values())
+            return
         commands: dict[str, tuple[Node, list, list]] = {}
         for name, (node, items) in missing.items():
             for item in items:
