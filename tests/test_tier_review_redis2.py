@@ -96,3 +96,24 @@ def test_probe_fetch_put_after_close_are_refused_and_open_no_socket(server):  # 
     assert sockets_open(store) == []
     assert store.stats() == before
     store.close()                           # twice: a no-op
+
+
+def test_a_cluster_url_naming_a_server_without_cluster_support_is_refused(server):  # noqa: F811
+    """``redis+cluster://`` pointed at a plain server: CLUSTER SLOTS answered 'cluster support
+    disabled', the slot map stayed empty and every probe missed and every write was dropped, with
+    nothing saying why. Building the store now fails, naming the node and the problem."""
+    before = {t.name for t in threading.enumerate()}
+    url = f"redis+cluster://127.0.0.1:{server.port}"
+    with pytest.raises(RemoteTierError, match=rf"127\.0\.0\.1:{server.port}.*not a Redis Cluster node.*redis://"):
+        RedisBlockStore(url, FP)
+    assert {t.name for t in threading.enumerate()} - before == set()      # no writer thread left
+
+
+def test_a_cluster_url_whose_seeds_are_all_down_still_builds(tmp_path):
+    """Unreachable seeds stay what they were: the store builds with every breaker open (the
+    background probe finds the cluster later); only a seed that answers 'no cluster' is refused."""
+    from redis_fixtures import free_port
+
+    url = f"redis+cluster://127.0.0.1:{free_port()}"
+    with RedisBlockStore(url, FP) as store:
+        assert store.topology.all_down() and store.probe(Blocks(FP, 1, seed=4).chain) == 0

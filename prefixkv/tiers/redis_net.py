@@ -238,7 +238,11 @@ class Topology:
             for host, port in seeds:
                 self._node(host, port)
             self.slots: list[Node | None] = [None] * SLOTS
-            self.stale = not self.refresh()
+            try:
+                self.stale = not self.refresh()
+            except RemoteTierError:      # a seed without cluster support: no store to build
+                self.close()
+                raise
         else:
             kwargs = _node_kwargs(url)
             name = kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
@@ -274,7 +278,11 @@ class Topology:
         return True
 
     def refresh(self) -> bool:
-        """Reload the slot map from the first node that answers ``CLUSTER SLOTS`` (background thread)."""
+        """Reload the slot map from the first node that answers ``CLUSTER SLOTS`` (background thread).
+
+        Raises ``RemoteTierError`` when a node answers that it has no cluster support: a cluster URL
+        naming a plain server would otherwise miss on every call without a word. The node is also
+        marked down with that reason (``stats().node_errors``) for a refresh in the background."""
         if not self.cluster:
             return True
         for node in sorted(self._node_list, key=lambda n: n.down):     # answering nodes first
@@ -283,6 +291,12 @@ class Topology:
             except NETWORK_ERRORS:
                 continue
             if isinstance(reply, ResponseError):
+                if "cluster support disabled" in str(reply):
+                    error = RemoteTierError(
+                        f"{node.name} is not a Redis Cluster node (it answers: {reply}); a redis+cluster:// URL "
+                        f"needs cluster nodes: for a single server use redis://{node.name}")
+                    node.trip(node.bg, error)
+                    raise error
                 continue
             slots: list[Node | None] = [None] * SLOTS
             for entry in reply:

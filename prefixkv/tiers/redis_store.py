@@ -47,7 +47,8 @@ every breaker is open returns at once (a miss, or a drop for ``put``); a call
 that meets a hung node costs one socket timeout and opens that node's breaker.
 Building a store makes no round trip, except for a cluster URL (it reads the
 slot map, each seed bounded by the timeouts; unreachable seeds leave the
-breakers open until the background probe finds one). Threads:
+breakers open until the background probe finds one; a seed that answers without
+cluster support is refused with ``RemoteTierError``). Threads:
 one caller thread at a time for probe/fetch/put (foreground calls are
 serialised by a lock) plus the store's own background thread.
 """
