@@ -62,11 +62,10 @@ class BlockCopies(Sequence):
 
     @classmethod
     def join(cls, parts: Sequence[BlockCopies]) -> BlockCopies:
-        """The pairs of ``parts``, one after another."""
+        """The pairs of ``parts``, one after another: a new ``BlockCopies`` with arrays of its own
+        (one part too: changing the result must not change a part, as with lists)."""
         if not parts:
             return cls()
-        if len(parts) == 1:
-            return parts[0]
         out = cls.__new__(cls)
         out.src = np.concatenate([p.src for p in parts])
         out.dst = np.concatenate([p.dst for p in parts])
@@ -77,8 +76,9 @@ class BlockCopies(Sequence):
 
     def __getitem__(self, i):
         if isinstance(i, slice):
+            # copies, not numpy views: a slice of a list does not share its items' storage either
             out = BlockCopies.__new__(BlockCopies)
-            out.src, out.dst = self.src[i], self.dst[i]
+            out.src, out.dst = self.src[i].copy(), self.dst[i].copy()
             return out
         return int(self.src[i]), int(self.dst[i])
 

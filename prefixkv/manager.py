@@ -74,6 +74,13 @@ class PrefixMatch:
     lower_hit_blocks: int = 0   # of ``hit_blocks``, those served from the host tier (a load each)
 
 
+def _handed_over(batches: list[BlockCopies]) -> BlockCopies:
+    """Pending batches the manager has just dropped, as one: a single batch is handed over as it is
+    (no copy; nothing else holds it: the manager built it from arrays of its own, ``BlockCopies``
+    copies what it is given), several are joined."""
+    return batches[0] if len(batches) == 1 else BlockCopies.join(batches)
+
+
 def _make_pool(index: str, digest_size: int, num_blocks: int, block_size: int, policy, **kwargs) -> BlockPool:
     """A pool for ``policy`` (a registry name or a policy object): flat where ``index`` asks for it
     and numba imports; there ``"lru"`` is the LRU kept in arrays (``prefixkv.flat.lru``), the same
@@ -141,29 +148,38 @@ class KVCacheManager:
           dict of hash objects, any hashable (a trace's integer ids), and the one ``verify`` uses.
           ``"auto"`` (default): flat where numba is installed and ``verify`` is off, else dict.
         """
-        # InvalidArgument is both a TypeError and a ValueError: what these checks raised before
+        # InvalidArgument is both a TypeError and a ValueError: what these checks raised before.
+        # numpy integers (a config read with numpy) are taken as the equal ints, as BlockHasher,
+        # BlockPool and KVStore take them; numpy booleans are not numpy integers.
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
                             ("num_host_blocks", num_host_blocks)):
-            if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise InvalidArgument(name, f"must be an int, got {type(value).__name__} {value!r}")
+        num_blocks, block_size, num_host_blocks = int(num_blocks), int(block_size), int(num_host_blocks)
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
             if value <= 0:
                 raise InvalidArgument(name, f"must be positive, got {value}")
         if num_host_blocks < 0:
             raise InvalidArgument("num_host_blocks", f"must be >= 0, got {num_host_blocks}")
-        if hash_seed is not None and (isinstance(hash_seed, bool) or not isinstance(hash_seed, int)):
+        if hash_seed is not None and (isinstance(hash_seed, bool) or not isinstance(hash_seed, (int, np.integer))):
             raise InvalidArgument("hash_seed", f"must be an int or None, got {type(hash_seed).__name__} "
                                                f"{hash_seed!r}")
+        if hash_seed is not None:
+            hash_seed = int(hash_seed)
         from .hashing import HASH_ALGORITHMS      # named here, not as BlockHasher's "algorithm"
         if not isinstance(hash_algorithm, str) or hash_algorithm not in HASH_ALGORITHMS:
             raise InvalidArgument("hash_algorithm", f"unknown hash algorithm {hash_algorithm!r}; choose from "
                                                     f"{sorted(HASH_ALGORITHMS)}")
         if isinstance(policy, str):
             if policy == "belady":
-                raise ValueError("the belady policy (MIN) needs every block's next use, which only a trace "
-                                 "replay knows: use prefixkv.sim.replay / `prefixkv replay`, or pass a "
-                                 "BeladyPolicy object you feed through set_next_use")
+                raise InvalidArgument("policy", "the belady policy (MIN) needs every block's next use, which only "
+                                                "a trace replay knows: use prefixkv.sim.replay / `prefixkv replay`, "
+                                                "or pass a BeladyPolicy object you feed through set_next_use")
             make_policy(policy)     # an unknown name or bad options fail here, before anything is built
+        if host_cache and not num_host_blocks:
+            # before the pool is built: that binds a policy object passed in, which then could not
+            # serve the manager built once the caller fixes this
+            raise InvalidArgument("host_cache", "host_cache needs host blocks: pass num_host_blocks > 0")
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.hasher = BlockHasher(block_size, seed=hash_seed, algorithm=hash_algorithm)
@@ -173,8 +189,6 @@ class KVCacheManager:
                                record_events=record_events, track_reuse=track_reuse)
         self._seqs: dict[Hashable, _Sequence] = {}
         self._copies: list[tuple[int, int]] = []
-        if host_cache and not num_host_blocks:
-            raise ValueError("host_cache needs host blocks: pass num_host_blocks > 0")
         self.num_host_blocks = num_host_blocks
         self.host = None
         if num_host_blocks:
@@ -268,8 +282,8 @@ class KVCacheManager:
             theirs, ours = prompt.hasher, self.hasher
             if theirs is not ours and (theirs.block_size, theirs.algorithm, theirs.seed) != (
                     ours.block_size, ours.algorithm, ours.seed):
-                raise ValueError(
-                    "this prompt was hashed for another manager: block size / algorithm / seed "
+                raise InvalidArgument(
+                    "prompt", "this prompt was hashed for another manager: block size / algorithm / seed "
                     f"{theirs.block_size} / {theirs.algorithm} / {theirs.seed} here "
                     f"{ours.block_size} / {ours.algorithm} / {ours.seed}; prepare it with this manager's prompt()")
             if theirs is not ours and prompt.tokens is None:
@@ -638,8 +652,12 @@ class KVCacheManager:
         seq = self._running(seq_id)
         if seq.tokens is not None:
             raise TypeError(f"sequence {seq_id!r} holds token ids; use append")
+        if type(num_tokens) is not int:     # (a float would size blocks; a string failed in '<')
+            if isinstance(num_tokens, bool) or not isinstance(num_tokens, np.integer):
+                raise InvalidArgument("num_tokens", f"must be an int, got {type(num_tokens).__name__} {num_tokens!r}")
+            num_tokens = int(num_tokens)
         if num_tokens < 0:
-            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+            raise InvalidArgument("num_tokens", f"must be >= 0, got {num_tokens}")
         size = self.block_size
         old_full = seq.num_tokens // size
         newly_full = (seq.num_tokens + num_tokens) // size - old_full
@@ -708,14 +726,14 @@ class KVCacheManager:
         a batch that does not fit raises OutOfBlocks and nothing was published.
         """
         if len(seq_ids) != len(tokens):
-            raise ValueError(f"{len(seq_ids)} sequences but {len(tokens)} tokens")
+            raise InvalidArgument("tokens", f"{len(seq_ids)} sequences but {len(tokens)} tokens")
         tokens = encode_tokens(tokens)  # validates every token before anything changes
         seqs = [self._seqs.get(s) for s in seq_ids]
         if None in seqs or any(seq.preempted for seq in seqs):
             for s in seq_ids:
                 self._running(s)
         if len(set(map(id, seqs))) != len(seqs):
-            raise ValueError("a sequence appears twice in one decode step")
+            raise InvalidArgument("seq_ids", "a sequence appears twice in one decode step")
         if any(seq.tokens is None for seq in seqs):
             raise TypeError("decode_step needs token sequences; use append_slots for hashed ones")
         size = self.block_size
@@ -932,7 +950,7 @@ class KVCacheManager:
         first (a ``BlockCopies``: the list of pairs, kept as two arrays); clears them. Run them
         first: the device blocks they read may already be reallocated."""
         demotions, self._demotions = self._demotions, []
-        return BlockCopies.join(demotions)
+        return _handed_over(demotions)
 
     def take_loads(self) -> BlockCopies:
         """Pending (host block, device block) copies of host-tier hits (a ``BlockCopies``); clears
@@ -948,7 +966,7 @@ class KVCacheManager:
         if self._host_release:
             release, self._host_release = self._host_release, []
             self.host.release(release)
-        return BlockCopies.join(loads)
+        return _handed_over(loads)
 
     def _demote(self, blocks: Sequence[int], hashes: Sequence[Hashable]) -> None:
         """The device pool evicts ``blocks`` (``pool.on_evict_many``): note what the host tier needs
@@ -1002,7 +1020,7 @@ class KVCacheManager:
         longest = max((len(t) for t in tables), default=0)
         width = longest if width is None else width
         if width < longest:
-            raise ValueError(f"width {width} is shorter than the longest block table ({longest})")
+            raise InvalidArgument("width", f"{width} is shorter than the longest block table ({longest})")
         out = np.full((len(tables), width), pad, dtype=np.int32)
         for row, table in enumerate(tables):
             out[row, :len(table)] = table

@@ -83,16 +83,23 @@ class InvalidRequestTokens(InvalidTokens):
     ``vocab_size`` is the model's (``None`` when the model does not say).
     """
 
-    def __init__(self, request_id, token, position: int, vocab_size: int | None,
-                 prompt_index: int | None = None) -> None:
+    def __init__(self, request_id, token, position: int | None, vocab_size: int | None,
+                 prompt_index: int | None = None, problem: str | None = None) -> None:
         self.request_id = request_id
         self.token = token
         self.position = position
         self.vocab_size = vocab_size
         self.prompt_index = prompt_index
+        self.problem = problem          # what is wrong with the prompt as a whole (no one token)
         who = f"request {request_id!r}" if request_id is not None else f"prompt {prompt_index} of the batch"
+        if problem is not None:
+            super().__init__(f"{who}: {problem}")
+            return
         if isinstance(token, bool) or not isinstance(token, int):
-            why = f"is not an integer ({type(token).__name__})"
+            # a tensor or numpy scalar is named by its dtype: "(Tensor)" did not say it was a bool
+            dtype = getattr(token, "dtype", None)
+            kind = type(token).__name__ if dtype is None else f"{type(token).__name__} of dtype {dtype}"
+            why = f"is not an integer ({kind})"
         elif vocab_size is not None:
             why = f"is outside the model's vocabulary [0, {vocab_size})"
         else:
@@ -100,7 +107,8 @@ class InvalidRequestTokens(InvalidTokens):
         super().__init__(f"{who}: token id {token!r} at position {position} {why}")
 
     def __reduce__(self):
-        return type(self), (self.request_id, self.token, self.position, self.vocab_size, self.prompt_index)
+        return type(self), (self.request_id, self.token, self.position, self.vocab_size, self.prompt_index,
+                            self.problem)
 
 
 def check_prompt_tokens(prompt, vocab_size: int | None, request_id=None,
@@ -111,8 +119,20 @@ def check_prompt_tokens(prompt, vocab_size: int | None, request_id=None,
     Integers of any kind (numpy, 0-d torch) are accepted; floats, strings and booleans
     (``True`` is not token id 1) are not."""
     limit = 2**32 if vocab_size is None else min(int(vocab_size), 2**32)
+    shape = getattr(prompt, "shape", None)
+    if shape is not None and len(shape) != 1:
+        # an [N, 1] tensor iterates as N one-element rows, each of which converts to an int
+        raise InvalidRequestTokens(request_id, None, None, vocab_size, prompt_index,
+                                   problem=f"the prompt must be one-dimensional (token ids), got a "
+                                           f"{type(prompt).__name__} of shape {tuple(shape)}")
+    try:
+        values = iter(prompt)
+    except TypeError:
+        raise InvalidRequestTokens(request_id, None, None, vocab_size, prompt_index,
+                                   problem=f"the prompt must be a sequence of token ids, got "
+                                           f"{type(prompt).__name__}") from None
     tokens = []
-    for position, value in enumerate(prompt):
+    for position, value in enumerate(values):
         try:
             if type(value) is int:      # the common case; True/False (type bool) go the long way
                 token = value
