@@ -191,7 +191,7 @@ def test_write_token_trace_refuses_what_would_not_read_back_the_same(tmp_path, r
     path = tmp_path / "t.jsonl"
     with pytest.raises(ValueError) as info:
         write_token_trace(path, [good, TraceRequest(1.0, **request_)], block_size=4)
-    assert str(info.value).startswith("request 1: ") and words in str(info.value), str(info.value)
+    assert str(info.value).startswith("requests: request 1: ") and words in str(info.value), str(info.value)
     assert not path.exists() and list(tmp_path.iterdir()) == []
 
 

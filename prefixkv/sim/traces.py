@@ -86,12 +86,16 @@ header, kv-cache-tester documents with empty ``requests``) is refused the same
 way everywhere: ``TraceFormatError`` "no requests". A file that is not UTF-8
 text is refused with its path and the line of the first undecodable byte.
 
-``load_trace`` picks the format from the content.
+A UTF-8 byte-order mark at the start of a file is read past, in every format.
+Bad arguments (a block size that is not a positive int, a negative ``stagger``,
+an unknown format) raise ``prefixkv.errors.InvalidArgument`` naming the argument.
+
+``load_trace`` picks the format from the content: the first top-level key of the
+first object that names one (``hash_ids``, ``tokens`` / ``prefixkv_trace``, ``requests``).
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import os
@@ -99,7 +103,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Hashable, Iterable, Iterator, Sequence
 
-from ..errors import PrefixKVError
+from ..errors import InvalidArgument, PrefixKVError
 from ..hashing import repeated_hash
 
 __all__ = [
@@ -244,8 +248,21 @@ def _token_hashes(hasher, r: TraceRequest) -> list:
 
 # -- small validation helpers -------------------------------------------------
 
+_FLOAT_MAX = 1.7976931348623157e308
+
+
 def _is_number(x) -> bool:
-    return (type(x) is int or type(x) is float) and math.isfinite(x)
+    """A finite int or float. An int beyond a float's range is not one: JSON reads 1e400 written out
+    in digits as an int, and converting it to the float a time is stored as raised OverflowError."""
+    if type(x) is float:
+        return math.isfinite(x)
+    return type(x) is int and -_FLOAT_MAX <= x <= _FLOAT_MAX
+
+
+def _block_size_argument(block_size) -> int:
+    if type(block_size) is not int or block_size <= 0:
+        raise InvalidArgument("block_size", f"must be a positive integer (tokens per block), got {_short(block_size)}")
+    return block_size
 
 
 def _type_name(x) -> str:
@@ -283,11 +300,16 @@ def _json_error(path, exc: json.JSONDecodeError, line: int | None = None) -> Tra
                             f"bad JSON: {exc.msg} (column {exc.colno})")
 
 
+_BOM = "\ufeff"
+
+
 def _read_text(path: Path) -> str:
-    """A whole file as UTF-8 text; a binary file is a TraceFormatError at its first bad byte's line."""
+    """A whole file as UTF-8 text, without a leading byte-order mark (a JSONL loader reads past one,
+    as json.loads does for bytes; a JSON document must too); a binary file is a TraceFormatError at
+    its first bad byte's line."""
     data = path.read_bytes()
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix(_BOM)
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise TraceFormatError(path, line, f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}): "
@@ -345,8 +367,7 @@ def _loads_line(path: Path, lineno: int, raw: bytes):
 def load_mooncake(path: str | os.PathLike, block_size: int = MOONCAKE_BLOCK_SIZE, *,
                   name: str | None = None) -> Trace:
     """Load a Mooncake JSONL trace (timestamps in ms become seconds). See the module doc."""
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
+    _block_size_argument(block_size)
     path = Path(path)
     requests: list[TraceRequest] = []
     append = requests.append
@@ -469,13 +490,13 @@ def _expand_paths(paths) -> list[Path]:
         else:
             files.append(p)
     if not files:
-        raise ValueError("no trace files given")
+        raise InvalidArgument("paths", "no trace files given")
     seen: dict[Path, Path] = {}
     for p in files:
         first = seen.setdefault(p.resolve(), p)
         if first is not p:
-            raise ValueError(f"{p}: the same trace file is given twice ({first}): its conversation "
-                             "would be replayed twice, as two users")
+            raise InvalidArgument("paths", f"{p}: the same trace file is given twice ({first}): its "
+                                           "conversation would be replayed twice, as two users")
     return files
 
 
@@ -487,8 +508,10 @@ def load_kvcache_tester(paths: str | os.PathLike | Iterable[str | os.PathLike], 
     ``block_size``, when given, must equal the files' own. ``stagger`` offsets
     conversation ``k`` (in load order) by ``k * stagger`` seconds.
     """
-    if stagger < 0 or not math.isfinite(stagger):
-        raise ValueError(f"stagger must be a finite number >= 0, got {stagger}")
+    if not _is_number(stagger) or stagger < 0:
+        raise InvalidArgument("stagger", f"must be a finite number of seconds >= 0, got {_short(stagger)}")
+    if block_size is not None:
+        _block_size_argument(block_size)
     files = _expand_paths(paths)
     requests: list[TraceRequest] = []
     file_block_size: int | None = block_size
@@ -503,11 +526,7 @@ def load_kvcache_tester(paths: str | os.PathLike | Iterable[str | os.PathLike], 
         except json.JSONDecodeError as exc:
             raise _json_error(path, exc) from None
         except _DuplicateKey as exc:
-            # best effort: the line of the key's second occurrence in the file
-            import re
-            found = list(itertools.islice(re.finditer(re.escape(json.dumps(exc.key)) + r"\s*:", text), 2))
-            line = text.count("\n", 0, found[-1].start()) + 1 if found else 1
-            raise TraceFormatError(path, line, _duplicate_key_problem(exc.key)) from None
+            raise _duplicate_key_error(path, text, exc.key) from None
         try:
             size, reqs, scope, labels = _conversation(doc, index, index * stagger, path.stem)
         except _Problem as problem:
@@ -653,6 +672,71 @@ def _walk(reqs, jpath: tuple, size: int, base: int, offset: float, session: str,
         turn += 1
 
 
+class _Repeated(Exception):
+    """Internal: the key at offset ``pos`` of the object at ``jpath`` repeats an earlier key."""
+
+    def __init__(self, jpath: tuple, pos: int, key: str) -> None:
+        super().__init__(key)
+        self.jpath, self.pos, self.key = jpath, pos, key
+
+
+def _duplicate_key_error(path: Path, text: str, key: str) -> TraceFormatError:
+    """The error for a document that names a key twice in one object, at that key's second
+    occurrence (not the key's second occurrence anywhere: every request has a "t")."""
+    checked = json.JSONDecoder(object_pairs_hook=_unique_keys).raw_decode
+    plain = json.JSONDecoder().raw_decode
+    scan = json.decoder.scanstring
+    n = len(text)
+
+    def skip(p: int) -> int:
+        while p < n and text[p] in _WS:
+            p += 1
+        return p
+
+    def value(p: int, jpath: tuple) -> int:
+        try:
+            return checked(text, p)[1]       # nothing repeats inside: skipped at the C decoder's speed
+        except _DuplicateKey:
+            return walk(p, jpath)
+
+    def walk(p: int, jpath: tuple) -> int:
+        if text[p] == "{":
+            seen: set = set()
+            p = skip(p + 1)
+            while text[p] != "}":
+                start = p
+                name, p = scan(text, p + 1)
+                if name in seen:
+                    raise _Repeated(jpath, start, name)
+                seen.add(name)
+                p = skip(value(skip(skip(p) + 1), jpath + (name,)))
+                if text[p] == ",":
+                    p = skip(p + 1)
+            return p + 1
+        if text[p] == "[":
+            p = skip(p + 1)
+            i = 0
+            while text[p] != "]":
+                p = skip(value(p, jpath + (i,)))
+                i += 1
+                if text[p] == ",":
+                    p = skip(p + 1)
+            return p + 1
+        return plain(text, p)[1]
+
+    try:
+        walk(skip(0), ())
+    except _Repeated as found:
+        line = text.count("\n", 0, found.pos) + 1
+        column = found.pos - (text.rfind("\n", 0, found.pos) + 1) + 1
+        where = _jpath_text(found.jpath)
+        return TraceFormatError(path, line, f"{where + ': ' if where else ''}{_duplicate_key_problem(found.key)} "
+                                            f"(column {column})")
+    except (IndexError, ValueError):
+        pass
+    return TraceFormatError(path, 1, _duplicate_key_problem(key))
+
+
 def _jpath_text(jpath: tuple) -> str:
     text = ""
     for step in jpath:
@@ -723,6 +807,8 @@ def _locate(text: str, jpath: tuple) -> int:
 def load_token_trace(path: str | os.PathLike, block_size: int | None = None, *,
                      name: str | None = None) -> Trace:
     """Load a prefixkv token JSONL trace. ``block_size`` overrides the header's (default 16)."""
+    if block_size is not None:
+        _block_size_argument(block_size)
     path = Path(path)
     header: dict = {}
     requests: list[TraceRequest] = []
@@ -738,10 +824,9 @@ def load_token_trace(path: str | os.PathLike, block_size: int | None = None, *,
             if version != TOKEN_FORMAT_VERSION or type(version) is not int:
                 raise TraceFormatError(path, lineno, f"unsupported prefixkv_trace version {_short(version)} "
                                                      f"(this prefixkv reads {TOKEN_FORMAT_VERSION})")
-            size = obj.get("block_size")
-            if size is not None and (type(size) is not int or size <= 0):
-                raise TraceFormatError(path, lineno, f"header block_size must be a positive integer, "
-                                                     f"got {_short(size)}")
+            problem = _header_problem(obj)
+            if problem is not None:
+                raise TraceFormatError(path, lineno, problem)
             header = obj
             continue
         first = False
@@ -754,11 +839,17 @@ def load_token_trace(path: str | os.PathLike, block_size: int | None = None, *,
         raise TraceFormatError(path, 1, "no requests: the file holds a header but no request lines"
                                if header else "no requests: the file holds no request lines")
     size = block_size if block_size is not None else header.get("block_size") or DEFAULT_TOKEN_BLOCK_SIZE
-    if type(size) is not int or size <= 0:
-        raise ValueError(f"block_size must be a positive integer, got {size!r}")
     if name is None:
         name = header.get("name") if isinstance(header.get("name"), str) else path.stem
     return Trace(requests, size, name, str(path), "tokens", header)
+
+
+def _header_problem(header: dict) -> str | None:
+    """What ``load_token_trace`` refuses in a header (``prefixkv_trace`` is checked by the caller)."""
+    size = header.get("block_size")
+    if size is not None and (type(size) is not int or size <= 0):
+        return f"header block_size must be a positive integer, got {_short(size)}"
+    return None
 
 
 def _token_request(obj: dict, last_ts: float, setdefault=None) -> TraceRequest:
@@ -832,20 +923,36 @@ def write_token_trace(path: str | os.PathLike, requests: Iterable[TraceRequest],
                       meta: dict | None = None) -> Path:
     """Write requests (with ``tokens``) as a prefixkv token JSONL trace; returns the path.
 
-    The header records ``block_size``, ``name`` and ``meta`` (JSON-serialisable).
-    The output is a pure function of the arguments (byte-identical reruns).
-    The file is written next to its final name and renamed into place, so a
-    reader never sees half a trace.
+    The header records ``block_size``, ``name`` and ``meta`` (JSON-serialisable;
+    its keys do not override the arguments). The output is a pure function of the
+    arguments (byte-identical reruns). The file is written next to its final name and
+    renamed into place, so a reader never sees half a trace. What would not read back
+    the same is refused (``InvalidArgument``), nothing written: a bad header, a request
+    that ``load_token_trace`` would refuse, or one with ``block_hashes`` beside its
+    tokens (the format stores token ids only).
     """
     path = Path(path)
     header: dict = {"prefixkv_trace": TOKEN_FORMAT_VERSION}
     if block_size is not None:
-        header["block_size"] = block_size
+        header["block_size"] = _block_size_argument(block_size)
     if name is not None:
+        if type(name) is not str:
+            # load_token_trace ignores a name that is not a string (the trace takes the file's stem)
+            raise InvalidArgument("name", f"must be a string, got {_type_name(name)} {_short(name)}")
         header["name"] = name
     if meta:
         header.update((k, v) for k, v in meta.items() if k not in header)
     dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+    problem = _header_problem(header)
+    if problem is None and "name" in header and type(header["name"]) is not str:
+        problem = f"header name must be a string, got {_type_name(header['name'])} {_short(header['name'])}"
+    if problem is None:
+        try:
+            head = dumps(header)
+        except (TypeError, ValueError) as exc:
+            problem = f"the header is not JSON: {exc}"
+    if problem is not None:
+        raise InvalidArgument("meta", problem)
     parent = path.parent
     if not parent.is_dir():
         raise FileNotFoundError(f"cannot write {path}: directory {parent} does not exist")
@@ -855,13 +962,15 @@ def write_token_trace(path: str | os.PathLike, requests: Iterable[TraceRequest],
     last_ts = -math.inf
     try:
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            f.write(dumps(header) + "\n")
+            f.write(head + "\n")
             for i, r in enumerate(requests):
                 if r.tokens is None:
-                    raise ValueError(f"request {i} has no token ids; a token trace needs them")
-                if r.timestamp < last_ts:
-                    raise ValueError(f"request {i}: timestamp {r.timestamp} is earlier than {last_ts}")
-                last_ts = r.timestamp
+                    raise InvalidArgument("requests", f"request {i} has no token ids; a token trace needs them")
+                if r.block_hashes is not None:
+                    # The file keeps token ids only; the loader reads block_hashes back as None.
+                    raise InvalidArgument("requests", f"request {i} has both tokens and block_hashes: a token "
+                                                      "trace stores the token ids only (a replay hashes them), "
+                                                      "so its block_hashes would be lost; set them to None")
                 obj: dict = {"timestamp": r.timestamp}
                 for key in ("session", "kind", "parent", "salt", "stop", "api_time", "think_time", "turn"):
                     value = getattr(r, key)
@@ -874,15 +983,16 @@ def write_token_trace(path: str | os.PathLike, requests: Iterable[TraceRequest],
                     obj["output_length"] = r.output_length
                 # What load_token_trace would refuse, or read back with other lengths, is refused here.
                 try:
-                    _token_request(obj, -math.inf)
+                    _token_request(obj, last_ts)
                 except _Problem as problem:
-                    raise ValueError(f"request {i}: {problem.message}") from None
+                    raise InvalidArgument("requests", f"request {i}: {problem.message}") from None
+                last_ts = r.timestamp
                 if r.input_length != len(obj["tokens"]):
-                    raise ValueError(f"request {i}: input_length {r.input_length} contradicts its "
-                                     f"{len(obj['tokens'])} tokens")
+                    raise InvalidArgument("requests", f"request {i}: input_length {r.input_length} contradicts "
+                                                      f"its {len(obj['tokens'])} tokens")
                 if r.output_tokens is not None and r.output_length != len(obj["output_tokens"]):
-                    raise ValueError(f"request {i}: output_length {r.output_length} contradicts its "
-                                     f"{len(obj['output_tokens'])} output_tokens")
+                    raise InvalidArgument("requests", f"request {i}: output_length {r.output_length} contradicts "
+                                                      f"its {len(obj['output_tokens'])} output_tokens")
                 f.write(dumps(obj) + "\n")
         os.replace(tmp, path)
     except BaseException:
@@ -898,33 +1008,81 @@ def detect_format(path: str | os.PathLike) -> str:
     path = Path(path)
     if path.is_dir():
         return "kvcache-tester"
+    head, lineno = "", 1
     with open(path, "rb") as f:
-        head = b""
-        for raw in f:
-            if raw.strip():
-                head = raw
+        for lineno, raw in enumerate(f, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                _read_text(path)   # raises, naming the line of the first byte that is not UTF-8
+            if lineno == 1:
+                text = text.removeprefix(_BOM)
+            if text.strip():
+                head = text
                 break
     if not head:
         raise TraceFormatError(path, 1, "empty file: no requests")
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError:
-        _read_text(path)   # raises, naming the line of the first byte that is not UTF-8
-    try:
-        obj = json.loads(head)
-    except json.JSONDecodeError:
-        obj = None      # a pretty-printed (multi-line) document
-    if isinstance(obj, dict):
-        if "hash_ids" in obj:
-            return "mooncake"
-        if "tokens" in obj or "prefixkv_trace" in obj:
-            return "tokens"
-        if "requests" in obj:
+    fmt = _head_format(head)
+    if fmt is _UNREADABLE:
+        try:
+            obj = json.loads(head)
+        except json.JSONDecodeError:
+            obj = None      # a pretty-printed (multi-line) document
+        if path.suffix == ".json" or obj is None:
             return "kvcache-tester"
-    if path.suffix == ".json" or obj is None:
+    elif fmt is not None:
+        return fmt
+    elif path.suffix == ".json":
         return "kvcache-tester"
-    raise TraceFormatError(path, 1, "unknown trace format: expected Mooncake ('hash_ids'), prefixkv "
-                                    "tokens ('tokens') or a kv-cache-tester document ('requests')")
+    raise TraceFormatError(path, lineno, "unknown trace format: expected Mooncake ('hash_ids'), prefixkv "
+                                         "tokens ('tokens') or a kv-cache-tester document ('requests')")
+
+
+# A top-level key that names the format (the first one found decides).
+_FORMAT_KEYS = {"hash_ids": "mooncake", "tokens": "tokens", "prefixkv_trace": "tokens", "requests": "kvcache-tester"}
+_UNREADABLE = object()
+
+
+def _head_format(text: str):
+    """The format the first top-level key in ``_FORMAT_KEYS`` of the JSON object ``text`` names;
+    None for a whole object without one; ``_UNREADABLE`` when ``text`` is not one JSON object.
+
+    Only the values before that key are decoded: a kv-cache-tester document is often one line,
+    and decoding it here to read its keys parsed the whole document twice (again in the loader)."""
+    decode = json.JSONDecoder().raw_decode
+    scan = json.decoder.scanstring
+    n = len(text)
+
+    def skip(p: int) -> int:
+        while p < n and text[p] in _WS:
+            p += 1
+        return p
+
+    try:
+        p = skip(0)
+        if text[p] != "{":
+            return _UNREADABLE
+        p = skip(p + 1)
+        if text[p] == "}":
+            return None if skip(p + 1) == n else _UNREADABLE
+        while True:
+            if text[p] != '"':
+                return _UNREADABLE
+            key, p = scan(text, p + 1)
+            fmt = _FORMAT_KEYS.get(key)
+            if fmt is not None:
+                return fmt
+            p = skip(p)
+            if text[p] != ":":
+                return _UNREADABLE
+            p = skip(decode(text, skip(p + 1))[1])
+            if text[p] == "}":
+                return None if skip(p + 1) == n else _UNREADABLE
+            if text[p] != ",":
+                return _UNREADABLE
+            p = skip(p + 1)
+    except (IndexError, ValueError):
+        return _UNREADABLE
 
 
 def load_trace(path: str | os.PathLike | Sequence[str | os.PathLike], format: str = "auto", *,
@@ -938,13 +1096,14 @@ def load_trace(path: str | os.PathLike | Sequence[str | os.PathLike], format: st
     if not isinstance(path, (str, os.PathLike)):
         paths = list(path)
         if format not in ("auto", "kvcache-tester", "kv-cache-tester", "weka"):
-            raise ValueError(f"several paths load only as kvcache-tester, not {format!r}")
+            raise InvalidArgument("format", f"several paths load only as kvcache-tester, not {_short(format)}")
         return load_kvcache_tester(paths, block_size=block_size, name=name)
     if format == "auto":
         format = detect_format(path)
-    fmt = _FORMAT_ALIASES.get(format)
+    fmt = _FORMAT_ALIASES.get(format) if isinstance(format, str) else None
     if fmt is None:
-        raise ValueError(f"unknown trace format {format!r}; choose from auto, {', '.join(FORMATS)}")
+        raise InvalidArgument("format", f"unknown trace format {_short(format)}; choose from auto, "
+                                        f"{', '.join(FORMATS)}")
     if fmt == "mooncake":
         return load_mooncake(path, block_size if block_size is not None else MOONCAKE_BLOCK_SIZE, name=name)
     if fmt == "kvcache-tester":
