@@ -25,7 +25,7 @@ BOUND_S = 10.0
 
 
 def stored(store, blocks):
-    n = store.put(blocks.chain, 0, blocks.payloads)
+    n = store.put(blocks.chain, 0, blocks.payloads, blocks.contents)
     assert store.flush()
     return n
 
@@ -117,3 +117,39 @@ def test_a_cluster_url_whose_seeds_are_all_down_still_builds(tmp_path):
     url = f"redis+cluster://127.0.0.1:{free_port()}"
     with RedisBlockStore(url, FP) as store:
         assert store.topology.all_down() and store.probe(Blocks(FP, 1, seed=4).chain) == 0
+
+
+@pytest.mark.parametrize("writer_group,reader_group", [(16, 4), (4, 16), (5, 16)])
+def test_replicas_with_different_max_group_blocks_share_blocks(server, writer_group, reader_group):  # noqa: F811
+    """The Cluster hash tag of a block came from the first block of its group, and the group was
+    ``max_group_blocks``: a replica with another setting named every block past its first group
+    differently, and the two shared only that group, silently. The tag group now depends only on
+    the fingerprint (what every replica agrees on); ``max_group_blocks`` only caps the keys per
+    command."""
+    blocks = Blocks(FP, 40, seed=5)
+    with RedisBlockStore(server.url, FP, RedisStoreConfig(max_group_blocks=writer_group)) as writer:
+        stored(writer, blocks)
+        assert writer.probe(blocks.chain) == 40
+    with RedisBlockStore(server.url, FP, RedisStoreConfig(max_group_blocks=reader_group)) as reader:
+        assert reader.probe(blocks.chain) == 40 and reader.probe(blocks.chain, 7) == 33
+        got = reader.fetch(blocks.chain, 3, 40, blocks.contents[3:])
+        assert got.stop is None and [p.tobytes() for p in got.payloads] == blocks.payloads[3:]
+
+
+def test_a_command_never_spans_two_tag_groups():
+    """Every probe / MGET range keeps to one hash tag (one Cluster slot), whatever the cap."""
+    from redis.crc import key_slot
+
+    from prefixkv.tiers.redis_keys import KeySpace
+
+    chain = Blocks(FP, 70, seed=6).chain
+    for cap in (1, 3, 5, 16, 40):
+        keys = KeySpace(FP, max_group_blocks=cap)
+        for start in (0, 2, 15, 16, 33):
+            ranges = keys.group_ranges(start, 70)
+            assert ranges[0][0] == start and ranges[-1][1] == 70
+            assert all(a < b <= a + min(cap, keys.tag_blocks) for a, b in ranges)
+            assert all(b == c for (_, b), (c, _) in zip(ranges, ranges[1:]))
+            for a, b in ranges:
+                assert len({key_slot(k) for k in keys.keys(chain, a, b)}) == 1
+                assert keys.keys(chain, a, b) == KeySpace(FP).keys(chain, a, b)

@@ -9,9 +9,13 @@ dtype, layout, TP or seed change never reads old values. ``{tag}`` is a Redis
 Cluster hash tag: blocks ``[g*G, (g+1)*G)`` of a chain share the tag of the
 group's first block (the first 16 hex digits of its hash), hence one slot, one
 node, one EXISTS/Lua round trip and one MGET; different prompts (and later
-groups of one prompt) spread over the shards. ``G`` is at most 16 blocks and at
-most about 8 MiB of values. Because a chained hash fixes the whole prefix
-before it, a block's key is the same from every prompt that contains it.
+groups of one prompt) spread over the shards. ``G`` (``tag_blocks``) is 16
+blocks, fewer where 16 values would pass about 8 MiB: a function of the
+fingerprint alone, so every process that may read a value names it alike.
+Because a chained hash fixes the whole prefix before it, a block's key is the
+same from every prompt that contains it, and from every store configuration:
+``max_group_blocks`` only caps the blocks one command names (``group``), and
+``group_ranges`` cuts at tag-group boundaries too, so a command keeps to one slot.
 
 Contract: ``keys`` needs the chain from block 0 up to ``stop`` (the tag of a
 group comes from its first block even when a call starts mid-group).
@@ -45,7 +49,7 @@ def group_blocks(value_bytes: int, max_blocks: int = GROUP_MAX_BLOCKS, max_bytes
 class KeySpace:
     """Key names for one fingerprint under one prefix."""
 
-    __slots__ = ("prefix", "fingerprint", "group", "value_bytes", "_base")
+    __slots__ = ("prefix", "fingerprint", "group", "tag_blocks", "value_bytes", "_base")
 
     def __init__(self, fingerprint: Fingerprint, prefix: str = DEFAULT_PREFIX,
                  max_group_blocks: int = GROUP_MAX_BLOCKS) -> None:
@@ -56,7 +60,10 @@ class KeySpace:
         # The largest value: header with content (block_size uint32 token ids; extra keys are small)
         # + payload. A group's budget is reckoned on it so a group never exceeds ~8 MiB.
         self.value_bytes = header_size(fingerprint, 4 * fingerprint.block_size) + fingerprint.block_bytes
-        self.group = group_blocks(self.value_bytes, max_group_blocks)
+        # The tag group is part of every key, so it may depend on nothing a replica sets for itself:
+        # a max_group_blocks of its own would name every block past its first group differently.
+        self.tag_blocks = group_blocks(self.value_bytes)
+        self.group = min(self.tag_blocks, group_blocks(self.value_bytes, max_group_blocks))
         self._base = f"{prefix}:v{FORMAT_VERSION}:{fingerprint.hex}:".encode()
 
     def key(self, chain: Sequence[bytes], i: int) -> bytes:
@@ -64,7 +71,7 @@ class KeySpace:
 
     def keys(self, chain: Sequence[bytes], start: int, stop: int) -> list[bytes]:
         """Keys of blocks ``start .. stop-1``. Block hashes must be ``bytes``."""
-        base, group = self._base, self.group
+        base, group = self._base, self.tag_blocks
         out = []
         tag = b""
         try:
@@ -79,11 +86,12 @@ class KeySpace:
         return out
 
     def group_ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
-        """``[a, b)`` ranges covering ``start .. stop-1``, cut at group boundaries."""
+        """``[a, b)`` ranges covering ``start .. stop-1``, cut at tag-group boundaries (one slot per
+        range) and at most ``group`` blocks long."""
         out = []
-        i = start
+        i, tag, group = start, self.tag_blocks, self.group
         while i < stop:
-            end = min(stop, i - i % self.group + self.group)
+            end = min(stop, i - i % tag + tag, i + group)
             out.append((i, end))
             i = end
         return out

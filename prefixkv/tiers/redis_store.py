@@ -94,7 +94,7 @@ class RedisStoreConfig:
     socket_timeout_s: float = 0.2
     probe_interval_s: float = 2.0         # breaker recovery probe (and cluster slot-map refresh) period
     batch_bytes: int = GROUP_MAX_BYTES    # MGET / write batch size
-    max_group_blocks: int = GROUP_MAX_BLOCKS
+    max_group_blocks: int = GROUP_MAX_BLOCKS   # keys per probe / MGET command; keys never depend on it
     first_probe_groups: int = 4           # first probe wave: 4 groups of 16 = 64 blocks in one round trip
     probe_mode: str = "lua"               # "lua" (measured faster) or "exists" (pipelined EXISTS per key)
     queue_blocks: int = 4096
