@@ -309,3 +309,39 @@ def test_a_changed_file_is_reloaded(tmp_path, monkeypatch):
         f.write(_mooncake_lines([(99, 512, [999])]))
     assert len(source.load()) == 7
     assert len(log.read_text().split()) == 2
+
+
+# -- auto capacities with other fractions ----------------------------------------------------------
+
+def _big_request_trace():
+    from prefixkv.sim.traces import Trace, TraceRequest
+
+    # the largest request (10 blocks) does not fit in half of the 11 distinct blocks
+    return Trace([TraceRequest(0.0, 5120, 1, list(range(10))), TraceRequest(1.0, 512, 1, [100])], 512)
+
+
+def test_auto_capacities_with_one_fraction_starts_at_the_largest_request():
+    from prefixkv.sim.sweep import auto_capacities
+
+    # ZeroDivisionError: the geometric steps divided by len(fractions) - 1
+    caps, note = auto_capacities(_big_request_trace(), (0.5,))
+    assert caps == [10] and "largest request" in note
+
+
+def test_auto_capacities_reads_fractions_in_any_order():
+    from prefixkv.sim.sweep import auto_capacities
+
+    # (0.5, 0.1) took 0.5 as the low end and 0.1 as the high one
+    assert auto_capacities(_big_request_trace(), (0.5, 2.0, 1.0)) == auto_capacities(_big_request_trace(),
+                                                                                      (0.5, 1.0, 2.0))
+
+
+@pytest.mark.parametrize("fractions", [(), (0.0, 0.5), (-1.0, 2.0), (0.1, float("nan")), (0.1, "0.5"), (True,)])
+def test_auto_capacities_refuses_fractions_that_are_not_positive_numbers(fractions):
+    from prefixkv.errors import InvalidArgument
+    from prefixkv.sim.sweep import auto_capacities
+
+    # () was an IndexError; 0 or a negative fraction was read as a capacity of 1 block
+    with pytest.raises(InvalidArgument) as info:
+        auto_capacities(_big_request_trace(), fractions)
+    assert info.value.argument == "fractions"

@@ -16,13 +16,14 @@ that failed.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import signal
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from ..errors import PrefixKVError
+from ..errors import InvalidArgument, PrefixKVError
 from .replay import replay
 from .traces import Trace, load_trace
 
@@ -128,7 +129,8 @@ def auto_capacities(trace: Trace, fractions: Sequence[float] = AUTO_FRACTIONS,
     so when that moved the start.
 
     A capacity below the largest request counts that request as all misses, which measures the
-    trace's request sizes rather than the policies."""
+    trace's request sizes rather than the policies. ``fractions``: positive numbers, in any order."""
+    fractions = _fractions(fractions)
     distinct = trace.distinct_blocks()
     largest = max(request_blocks(trace, mode), default=1)
     low, high = distinct * fractions[0], distinct * fractions[-1]
@@ -136,12 +138,24 @@ def auto_capacities(trace: Trace, fractions: Sequence[float] = AUTO_FRACTIONS,
         return sorted({max(1, round(distinct * f)) for f in fractions}), None
     high = max(high, largest)
     steps = len(fractions) - 1
-    caps = sorted({round(largest * (high / largest) ** (i / steps)) for i in range(steps + 1)})
+    caps = sorted({round(largest * (high / largest) ** (i / steps if steps else 0)) for i in range(steps + 1)})
     share = (f"{100 * largest / distinct:.1f}% of the {distinct:,} distinct blocks" if distinct
              else "the trace has no full block to share")
     note = (f"auto capacities start at {largest:,} block{'s' if largest != 1 else ''}, the largest request "
             f"({share}), so every request fits")
     return caps, note
+
+
+def _fractions(fractions) -> list[float]:
+    """``fractions`` sorted: the first is the low end, the last the high one."""
+    out = list(fractions)
+    bad = next((f for f in out if isinstance(f, bool) or not isinstance(f, (int, float))
+                or (isinstance(f, float) and not math.isfinite(f)) or f <= 0), None)
+    if not out or bad is not None:
+        # 0 or a negative fraction rounded to the 1-block floor; none at all failed with IndexError
+        raise InvalidArgument("fractions", "must be one or more finite numbers > 0 (shares of the trace's "
+                                           f"distinct blocks), got {out!r}")
+    return sorted(out)
 
 
 class SweepCellError(PrefixKVError):
