@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from ..copies import BlockCopies
+from ..errors import InvalidArgument
 from ..sizing import KVSpec, parse_size
 
 __all__ = ["KVStore", "TORCH_DTYPES", "torch_dtype"]
@@ -67,16 +68,17 @@ _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """``"bfloat16"`` / ``"bf16"`` / ``torch.bfloat16`` -> ``torch.bfloat16``; refuses the rest."""
+    """``"bfloat16"`` / ``"bf16"`` / ``torch.bfloat16`` -> ``torch.bfloat16``; refuses the rest
+    (``InvalidArgument`` naming ``dtype``: the ValueError this raised before it named it)."""
     if isinstance(dtype, torch.dtype):
         if dtype not in _SUPPORTED:
-            raise ValueError(f"KV storage supports float32, float16 and bfloat16, not {dtype}")
+            raise InvalidArgument("dtype", f"KV storage supports float32, float16 and bfloat16, not {dtype}")
         return dtype
     try:
         return TORCH_DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"KV storage supports float32, float16 and bfloat16 "
-                         f"({', '.join(sorted(TORCH_DTYPES))}), not {dtype!r}") from None
+    except (KeyError, TypeError):       # (TypeError: an unhashable dtype, a list)
+        raise InvalidArgument("dtype", f"KV storage supports float32, float16 and bfloat16 "
+                                       f"({', '.join(sorted(TORCH_DTYPES))}), not {dtype!r}") from None
 
 
 def _block_rows(t: torch.Tensor) -> np.ndarray:
@@ -159,24 +161,29 @@ def _cpu_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return tensor
 
 
-def _block_id(value, what: str, i: int, pair) -> int:
-    """One block id of pair ``i``: an integer (a Python or numpy int, an integer 0-d tensor);
-    a float, a string or a bool is refused rather than truncated, parsed or taken as 0 / 1."""
+# The errors below are InvalidArgument naming the caller's argument (``copies``, ``demotions``, ...):
+# both the TypeError and the ValueError they were before they named it.
+
+def _block_id(value, what: str, i: int, pair, argument: str) -> int:
+    """One block id of ``what`` pair ``i``: an integer (a Python or numpy int, an integer 0-d
+    tensor); a float, a string or a bool is refused rather than truncated, parsed or taken as 0 / 1."""
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{what}: pair {i} {pair!r} has block id {value!r}, not an integer")
+        raise InvalidArgument(argument, f"{what} pair {i} {pair!r} has block id {value!r}, not an integer")
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{what}: pair {i} {pair!r} has block id {value!r}, not an integer") from None
+        raise InvalidArgument(argument, f"{what} pair {i} {pair!r} has block id {value!r}, "
+                                        "not an integer") from None
 
 
-def _check_span(low: int, high: int, what: str, limit: int) -> None:
+def _check_span(low: int, high: int, what: str, limit: int, argument: str) -> None:
     if low < 0 or high >= limit:
-        raise ValueError(f"{what} out of range: values span [{low}, {high}], valid is [0, {limit})")
+        raise InvalidArgument(argument, f"{what} out of range: values span [{low}, {high}], valid is [0, {limit})")
 
 
-def _resolve_copies(copies: Iterable[tuple[int, int]], *, chained: bool, what: str = "copies",
-                    limits: tuple[str, int, str, int] | None = None) -> tuple[list[int], list[int]]:
+def _resolve_copies(copies: Iterable[tuple[int, int]], *, chained: bool, what: str = "copy",
+                    limits: tuple[str, int, str, int] | None = None,
+                    argument: str = "copies") -> tuple[list[int], list[int]]:
     """(src, dst) pairs, run in order, as one gather + one scatter with the same result.
 
     A later pair may read a block an earlier pair wrote (COW of a block that
@@ -185,14 +192,15 @@ def _resolve_copies(copies: Iterable[tuple[int, int]], *, chained: bool, what: s
     scatter would get both wrong. ``chained`` (source and destination in the
     same pool) follows each source back to the block whose *current* content
     it will hold; in every case the last write to a destination wins. Block ids
-    must be integers and every item a (source, destination) pair (errors name ``what``).
+    must be integers and every item a (source, destination) pair (errors name ``argument``, the
+    caller's, and ``what`` pair it is).
     ``limits`` (source name, source pool size, destination name, size) range-checks every id
     given, before the resolution drops any (a self-copy, an overwritten destination).
     """
     if isinstance(copies, BlockCopies):
         if limits is not None and len(copies):
-            _check_span(int(copies.src.min()), int(copies.src.max()), limits[0], limits[1])
-            _check_span(int(copies.dst.min()), int(copies.dst.max()), limits[2], limits[3])
+            _check_span(int(copies.src.min()), int(copies.src.max()), limits[0], limits[1], argument)
+            _check_span(int(copies.dst.min()), int(copies.dst.max()), limits[2], limits[3], argument)
         if not chained and np.unique(copies.dst).shape[0] == len(copies):
             return copies.src.tolist(), copies.dst.tolist()     # every destination written once: in order
         copies = zip(copies.src.tolist(), copies.dst.tolist())   # int64, checked
@@ -206,19 +214,20 @@ def _resolve_copies(copies: Iterable[tuple[int, int]], *, chained: bool, what: s
             try:
                 src, dst = pair
             except (TypeError, ValueError):
-                raise ValueError(f"{what}: item {i} must be a (source, destination) pair, got {pair!r}") from None
+                raise InvalidArgument(argument, f"item {i} must be a (source, destination) {what} pair, "
+                                                f"got {pair!r}") from None
             if type(src) is not int:       # (a bool is not ``int`` here either)
-                src = _block_id(src, what, i, pair)
+                src = _block_id(src, what, i, pair, argument)
             if type(dst) is not int:
-                dst = _block_id(dst, what, i, pair)
+                dst = _block_id(dst, what, i, pair, argument)
             raw_src.append(src)
             origin[dst] = origin.get(src, src) if chained else src
     else:
         for src, dst in copies:
             origin[dst] = origin.get(src, src) if chained else src
     if checked and limits is not None and origin:
-        _check_span(min(raw_src), max(raw_src), limits[0], limits[1])
-        _check_span(min(origin), max(origin), limits[2], limits[3])     # every destination given is a key
+        _check_span(min(raw_src), max(raw_src), limits[0], limits[1], argument)
+        _check_span(min(origin), max(origin), limits[2], limits[3], argument)   # every destination given is a key
     pairs = [(s, d) for d, s in origin.items() if not (chained and s == d)]
     return [s for s, _ in pairs], [d for _, d in pairs]
 
@@ -226,11 +235,11 @@ def _resolve_copies(copies: Iterable[tuple[int, int]], *, chained: bool, what: s
 def _count(value, what: str) -> int:
     """An integer argument (a Python or numpy int; not a bool, a float or a string)."""
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{what} must be an integer, got {value!r}")
+        raise InvalidArgument(what, f"must be an integer, got {value!r}")
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{what} must be an integer, got {value!r}") from None
+        raise InvalidArgument(what, f"must be an integer, got {value!r}") from None
 
 
 class KVStore:
@@ -246,9 +255,9 @@ class KVStore:
                  *, dtype: str | torch.dtype | None = None) -> None:
         num_blocks, block_size = _count(num_blocks, "num_blocks"), _count(block_size, "block_size")
         if num_blocks <= 0:
-            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+            raise InvalidArgument("num_blocks", f"must be positive, got {num_blocks}")
         if block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {block_size}")
+            raise InvalidArgument("block_size", f"must be positive, got {block_size}")
         self.spec = spec
         self.num_blocks = int(num_blocks)
         self.block_size = int(block_size)
@@ -279,7 +288,8 @@ class KVStore:
         torch_dtype(spec.dtype)  # refuse fp8/int8 before sizing with their byte width
         num_blocks = spec.num_blocks(pool_bytes, block_size)
         if num_blocks <= 0:
-            raise ValueError(f"{pool_bytes} bytes hold no block of {spec.bytes_per_block(block_size)} bytes")
+            raise InvalidArgument("pool_bytes", f"{pool_bytes} bytes hold no block of "
+                                                f"{spec.bytes_per_block(block_size)} bytes")
         return cls(spec, num_blocks, block_size, device)
 
     # -- sizes ---------------------------------------------------------------
@@ -302,35 +312,41 @@ class KVStore:
                 f"host_blocks={self.num_host_blocks})")
 
     # -- helpers -------------------------------------------------------------
-    def _index(self, values, what: str, limit: int, device: torch.device, *, stop: int | None = None) -> torch.Tensor:
+    def _index(self, values, what: str, limit: int, device: torch.device, *, stop: int | None = None,
+               argument: str | None = None) -> torch.Tensor:
         """int64 index tensor on ``device``; range-checked when the values are on the CPU (lists,
         arrays, CPU tensors: checked *before* they move to ``device``, so a bad id is a ValueError
-        rather than a device-side assert; values already on the device are trusted, no sync)."""
+        rather than a device-side assert; values already on the device are trusted, no sync).
+        Errors are ``InvalidArgument`` naming ``argument`` (``what`` by default)."""
+        argument = argument or what
+        name = "" if argument == what else f"{what} "
         if isinstance(values, torch.Tensor):
             if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
-                raise ValueError(f"{what} must hold integers, got {values.dtype}")
+                raise InvalidArgument(argument, f"{name}must hold integers, got {values.dtype}")
             index = values.reshape(-1)
             if device.type == "cpu":
                 index = index.to(device)      # to the CPU anyway (a sync): checked there
         else:
             array = np.asarray(values)
             if array.size and not np.issubdtype(array.dtype, np.integer):
-                raise ValueError(f"{what} must hold integers, got {array.dtype}")
+                raise InvalidArgument(argument, f"{name}must hold integers, got {array.dtype}")
             index = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64).reshape(-1))
         if stop is not None:
             if stop > index.numel():
-                raise ValueError(f"{what} has {index.numel()} entries but {stop} are needed")
+                raise InvalidArgument(argument, f"{name}has {index.numel()} entries but {stop} are needed")
             index = index[:stop]
         if index.device.type == "cpu" and index.numel():
             low, high = int(index.min()), int(index.max())
             if low < 0 or high >= limit:
-                raise ValueError(f"{what} out of range: values span [{low}, {high}], valid is [0, {limit})")
+                raise InvalidArgument(argument, f"{name}out of range: values span [{low}, {high}], "
+                                                f"valid is [0, {limit})")
         return index.to(device=device, dtype=torch.int64)
 
     def _layer(self, layer: int) -> int:
         if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)):
-            raise TypeError(f"layer must be an integer, got {layer!r}")
+            raise InvalidArgument("layer", f"must be an integer, got {layer!r}")
         if not -self.num_layers <= layer < self.num_layers:
+            # an IndexError as a list's, not InvalidArgument: callers index layers as they index lists
             raise IndexError(f"layer {layer} out of range for {self.num_layers} layer(s)")
         return int(layer) % self.num_layers
 
@@ -340,24 +356,29 @@ class KVStore:
         physical slots ``slot_mapping`` (``block * block_size + offset``, one per token).
 
         One ``index_copy_`` per pool on the flattened ``[num_blocks * block_size, H, d]``
-        view; no Python loop over tokens. Slots must be distinct within one call.
+        view; no Python loop over tokens. Slots must be distinct within one call: with a slot
+        given twice, which token's KV it keeps is unspecified (on CUDA it can differ from run to
+        run). Not checked, for its cost: a check on the host (the only place it can run without
+        a sync) measured +3-7% on a write of 4,096 slots and +18-50% on a decode-sized write of 8
+        (2 shared cores, CPU pools); the manager's slot mappings never repeat a slot (a shared
+        block is copied before a sequence writes into it).
         """
         layer = self._layer(layer)
         shape = (self.kv_heads, self.head_dim)
         for name, t in (("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch tensor, got {type(t).__name__}")
+                raise InvalidArgument(name, f"must be a torch tensor, got {type(t).__name__}")
             if t.dim() != 3 or tuple(t.shape[1:]) != shape:
-                raise ValueError(f"{name} must be [num_tokens, {shape[0]}, {shape[1]}], got {tuple(t.shape)}")
+                raise InvalidArgument(name, f"must be [num_tokens, {shape[0]}, {shape[1]}], got {tuple(t.shape)}")
             if t.dtype != self.dtype:
-                raise ValueError(f"{name} is {t.dtype} but the pools hold {self.dtype}")
+                raise InvalidArgument(name, f"is {t.dtype} but the pools hold {self.dtype}")
             if t.device != self.device:
-                raise ValueError(f"{name} is on {t.device} but the pools are on {self.device}")
+                raise InvalidArgument(name, f"is on {t.device} but the pools are on {self.device}")
         if k.shape[0] != v.shape[0]:
-            raise ValueError(f"k has {k.shape[0]} tokens but v has {v.shape[0]}")
+            raise InvalidArgument("v", f"k has {k.shape[0]} tokens but v has {v.shape[0]}")
         slots = self._index(slot_mapping, "slot_mapping", self.num_blocks * self.block_size, self.device)
         if slots.numel() != k.shape[0]:
-            raise ValueError(f"slot_mapping has {slots.numel()} slots for {k.shape[0]} tokens")
+            raise InvalidArgument("slot_mapping", f"has {slots.numel()} slots for {k.shape[0]} tokens")
         if not slots.numel():
             return
         self.k[layer].view(-1, *shape).index_copy_(0, slots, k)
@@ -377,7 +398,7 @@ class KVStore:
 
     def _cow_pairs(self, copies) -> tuple[list[int], list[int]]:
         """``copy_blocks``' pairs resolved and checked (integers, in range), nothing moved yet."""
-        return _resolve_copies(copies, chained=True, what="copies",
+        return _resolve_copies(copies, chained=True, what="copy", argument="copies",
                                limits=("copy source block", self.num_blocks, "copy destination block", self.num_blocks))
 
     def _run_copies(self, src: list[int], dst: list[int]) -> int:
@@ -394,7 +415,7 @@ class KVStore:
         pools are on CUDA); pass the same number as ``KVCacheManager(num_host_blocks=...)``."""
         num_host_blocks = _count(num_host_blocks, "num_host_blocks")
         if num_host_blocks < 0:
-            raise ValueError(f"num_host_blocks must be >= 0, got {num_host_blocks}")
+            raise InvalidArgument("num_host_blocks", f"must be >= 0, got {num_host_blocks}")
         shape = (self.num_layers, 2, num_host_blocks, self.block_size, self.kv_heads, self.head_dim)
         with torch.inference_mode(False):   # usable inside and outside inference mode (see __init__)
             if self.device.type == "cuda":
@@ -410,39 +431,39 @@ class KVStore:
     def swap_out(self, copies: Sequence[tuple[int, int]]) -> int:
         """Device -> host for ``(device_block, host_block)`` pairs (``KVCacheManager.swap_out``),
         all layers, K and V. Returns when the host copy is done; returns the blocks copied."""
-        return self._to_host(*self._host_pairs(copies, "swap-out", to_host=True))
+        return self._to_host(*self._host_pairs(copies, "swap-out", to_host=True, argument="copies"))
 
     def swap_in(self, copies: Sequence[tuple[int, int]]) -> int:
         """Host -> device for ``(host_block, device_block)`` pairs (``KVCacheManager.swap_in``),
         all layers, K and V; on CUDA queued on the current stream (run it before the
         sequence's next step on that stream). Returns the blocks copied."""
-        return self._to_device(*self._host_pairs(copies, "swap-in", to_host=False))
+        return self._to_device(*self._host_pairs(copies, "swap-in", to_host=False, argument="copies"))
 
     def demote(self, demotions: Sequence[tuple[int, int]]) -> int:
         """Evicted device blocks to the host tier: ``(device_block, host_block)`` pairs from
         ``KVCacheManager.take_demotions()``. Run before anything can write those device blocks
         (the step's loads and writes); returns when the host copies are complete."""
-        return self._to_host(*self._host_pairs(demotions, "demotion", to_host=True))
+        return self._to_host(*self._host_pairs(demotions, "demotion", to_host=True, argument="demotions"))
 
     def load(self, loads: Sequence[tuple[int, int]]) -> int:
         """Host-tier hits to the device: ``(host_block, device_block)`` pairs from
         ``KVCacheManager.take_loads()``, after ``demote`` and before the step's copies and writes
         (queued on the current stream on CUDA, like ``swap_in``)."""
-        return self._to_device(*self._host_pairs(loads, "load", to_host=False))
+        return self._to_device(*self._host_pairs(loads, "load", to_host=False, argument="loads"))
 
     def transfer(self, demotions: Sequence[tuple[int, int]], loads: Sequence[tuple[int, int]],
                  copies: Iterable[tuple[int, int]] = ()) -> None:
         """A step's block moves in the order they must run: demotions (they read device blocks
         about to be reused), loads (they write reused blocks), copy-on-write copies. All three
         batches are checked first: a bad pair in any of them raises with nothing moved."""
-        demoted = self._host_pairs(demotions, "demotion", to_host=True)
-        loaded = self._host_pairs(loads, "load", to_host=False)
+        demoted = self._host_pairs(demotions, "demotion", to_host=True, argument="demotions")
+        loaded = self._host_pairs(loads, "load", to_host=False, argument="loads")
         copied = self._cow_pairs(copies)
         self._to_host(*demoted)
         self._to_device(*loaded)
         self._run_copies(*copied)
 
-    def _host_pairs(self, pairs, what: str, *, to_host: bool) -> tuple[list[int], list[int], str]:
+    def _host_pairs(self, pairs, what: str, *, to_host: bool, argument: str) -> tuple[list[int], list[int], str]:
         """Device <-> host pairs resolved and checked (integers, in range, host space there),
         nothing moved yet."""
         if not isinstance(pairs, (BlockCopies, list, tuple, np.ndarray)):
@@ -452,7 +473,7 @@ class KVStore:
         host_blocks = self._need_host().shape[2]
         src_where, src_limit = ("device", self.num_blocks) if to_host else ("host", host_blocks)
         dst_where, dst_limit = ("host", host_blocks) if to_host else ("device", self.num_blocks)
-        src, dst = _resolve_copies(pairs, chained=False, what=f"{what} pairs",
+        src, dst = _resolve_copies(pairs, chained=False, what=what, argument=argument,
                                    limits=(f"{what} {src_where} block", src_limit, f"{what} {dst_where} block", dst_limit))
         return src, dst, what
 
@@ -493,10 +514,10 @@ class KVStore:
         layer = self._layer(layer)
         length = _count(length, "length")
         if length < 0:
-            raise ValueError(f"length must be >= 0, got {length}")
+            raise InvalidArgument("length", f"must be >= 0, got {length}")
         needed = -(-length // self.block_size)
-        table = self._index(block_table, f"block_table (for length {length})", self.num_blocks, self.device,
-                            stop=needed)
+        table = self._index(block_table, f"(for length {length})", self.num_blocks, self.device,
+                            stop=needed, argument="block_table")
         shape = (-1, self.kv_heads, self.head_dim)
         k = self.k[layer].index_select(0, table).reshape(shape)[:length].contiguous()
         v = self.v[layer].index_select(0, table).reshape(shape)[:length].contiguous()
