@@ -153,3 +153,134 @@ def test_a_command_never_spans_two_tag_groups():
             for a, b in ranges:
                 assert len({key_slot(k) for k in keys.keys(chain, a, b)}) == 1
                 assert keys.keys(chain, a, b) == KeySpace(FP).keys(chain, a, b)
+
+
+# -- bad arguments: InvalidArgument naming the argument ----------------------------------------------
+
+FP_ARGS = dict(weights=FP.weights, dtype="float16", layers=2, kv_heads=2, head_dim=8, block_size=4, hash_seed=7)
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize("change, argument", [
+    ({"hash_algorithm": "md5"}, "hash_algorithm"), ({"dtype": "int4"}, "dtype"), ({"weights": b"x"}, "weights"),
+    ({"layout": ""}, "layout"), ({"layout": 5}, "layout"), ({"layers": 0}, "layers"),
+    # a float or a boolean dimension was taken (int(2.5) passed the check) and went into the digest as
+    # written: layers=2.0 and layers=2 named different fingerprints, so the replicas shared nothing
+    ({"layers": 2.0}, "layers"), ({"layers": 2.5}, "layers"), ({"kv_heads": True}, "kv_heads"),
+    ({"block_size": "4"}, "block_size"), ({"tp_size": 1.5}, "tp_size"), ({"tp_rank": 2}, "tp_rank"),
+    ({"tp_rank": 0.0}, "tp_rank"), ({"hash_seed": "7"}, "hash_seed"), ({"hash_seed": 7.0}, "hash_seed"),
+    ({"hash_seed": True}, "hash_seed"),
+])
+def test_bad_fingerprint_fields_are_refused_naming_them(change, argument):
+    with pytest.raises(InvalidArgument) as info:
+        Fingerprint(**{**FP_ARGS, **change})
+    assert info.value.argument == argument
+
+
+def test_integer_like_fingerprint_fields_name_the_same_fingerprint():
+    assert Fingerprint(**{**FP_ARGS, "layers": np.int64(2), "hash_seed": np.uint32(7)}).digest == FP.digest
+    assert type(Fingerprint(**{**FP_ARGS, "layers": np.int64(2)}).layers) is int
+
+
+def test_weights_digest_and_dtype_refusals_name_the_argument():
+    from prefixkv.tiers.fingerprint import canonical_dtype
+
+    with pytest.raises(InvalidArgument) as info:
+        weights_digest([("w", np.zeros(2)), ("w", np.ones(2))])
+    assert info.value.argument == "named_tensors" and "twice" in str(info.value)
+    with pytest.raises(InvalidArgument, match="at least one") as info:
+        weights_digest([])
+    assert info.value.argument == "named_tensors"
+    with pytest.raises(InvalidArgument) as info:
+        canonical_dtype("int4")
+    assert info.value.argument == "dtype"
+
+
+@pytest.mark.parametrize("change, argument", [
+    ({"probe_mode": "scan"}, "probe_mode"), ({"prefix": "a b"}, "prefix"), ({"prefix": 5}, "prefix"),
+    ({"batch_bytes": 0}, "batch_bytes"), ({"ttl_s": -1}, "ttl_s"),
+    # inf timeouts made every socket wait unbounded; an inf TTL crashed the constructor (OverflowError)
+    ({"socket_timeout_s": INF}, "socket_timeout_s"), ({"connect_timeout_s": NAN}, "connect_timeout_s"),
+    ({"probe_interval_s": INF}, "probe_interval_s"), ({"ttl_s": INF}, "ttl_s"), ({"ttl_s": "60"}, "ttl_s"),
+    # a fractional count slipped through int() and broke the key groups (chain[2.5]) or the waves
+    ({"max_group_blocks": 2.5}, "max_group_blocks"), ({"first_probe_groups": 1.5}, "first_probe_groups"),
+    ({"queue_blocks": True}, "queue_blocks"), ({"queue_bytes": "1"}, "queue_bytes"),
+])
+def test_bad_store_config_is_refused_naming_the_field(change, argument):
+    with pytest.raises(InvalidArgument) as info:
+        RedisStoreConfig(**change)
+    assert info.value.argument == argument
+
+
+def test_key_space_refusals_name_the_argument():
+    from prefixkv.tiers.redis_keys import KeySpace, group_blocks
+
+    for call, argument in ((lambda: KeySpace(FP, prefix=""), "prefix"),
+                           (lambda: KeySpace.pattern("x y"), "prefix"),
+                           (lambda: KeySpace.pattern(fingerprint_hex="zz"), "fingerprint_hex"),
+                           (lambda: group_blocks(0), "value_bytes"), (lambda: group_blocks(10, 0), "max_blocks"),
+                           (lambda: KeySpace(FP).keys([1, 2], 0, 2), "chain")):
+        with pytest.raises(InvalidArgument) as info:
+            call()
+        assert info.value.argument == argument
+
+
+def test_store_call_refusals_name_the_argument_and_change_nothing(server):  # noqa: F811
+    """A chain with a non-bytes hash was found only while building keys, after the call had counted
+    itself (and, in a long probe, after earlier waves were sent); now every refusal comes first."""
+    blocks = Blocks(FP, 4, seed=7)
+    with RedisBlockStore(server.url, FP) as store:
+        bad_chain = [*blocks.chain[:3], 3]
+        before = store.stats()
+        for call, argument in (
+                (lambda: store.probe(blocks.chain, -1), "start"), (lambda: store.probe(bad_chain), "chain"),
+                (lambda: store.probe(blocks.chain, "0"), "start"),
+                (lambda: store.fetch(blocks.chain, -2, 3), "start"), (lambda: store.fetch(bad_chain, 0, 4), "chain"),
+                (lambda: store.fetch(blocks.chain, 0, 4, blocks.contents[:2]), "contents"),
+                (lambda: store.put(blocks.chain, 2, blocks.payloads), "start"),
+                (lambda: store.put(blocks.chain, 0, [b"short"] * 4), "payloads"),
+                (lambda: store.put(bad_chain, 3, blocks.payloads[3:]), "chain"),
+                (lambda: store.put(bad_chain, 0, blocks.payloads[:3], blocks.contents[:2]), "contents"),
+                (lambda: store.flush(NAN), "timeout_s"), (lambda: store.clear("zz"), "fingerprint_hex")):
+            with pytest.raises(InvalidArgument) as info:
+                call()
+            assert info.value.argument == argument
+        assert store.stats() == before
+        with pytest.raises(InvalidArgument) as info:
+            store.close(flush_timeout_s=NAN)
+        assert info.value.argument == "flush_timeout_s" and not store.closed
+        assert store.probe(blocks.chain) == 0
+
+
+def test_model_weights_digest_of_a_model_without_weights_names_model():
+    pytest.importorskip("torch")
+    from prefixkv.tiers.remote import model_weights_digest
+
+    with pytest.raises(InvalidArgument) as info:
+        model_weights_digest(object())
+    assert info.value.argument == "model"
+
+
+def test_remote_tier_refusals_name_the_argument_before_a_store_is_built(server):  # noqa: F811
+    """A negative max_held was taken (each write-back then 'dropped' more held blocks than it held),
+    and every refusal of the tier's own options came after connect() had built the store and
+    started its thread."""
+    pytest.importorskip("torch")
+    from prefixkv import KVCacheManager, KVSpec
+    from prefixkv.kv.storage import KVStore
+    from prefixkv.tiers.remote import RemoteTier
+
+    kv = KVStore(KVSpec(layers=2, kv_heads=2, head_dim=8, dtype="float16"), 8, 4)
+    kv.allocate_host(8)
+    mgr = KVCacheManager(8, 4, hash_seed=5, num_host_blocks=8, host_cache=True)
+    before = {t.name for t in threading.enumerate()}
+    for kwargs, argument in (({"max_held": -1}, "max_held"), ({"max_prefetch_blocks": 0}, "max_prefetch_blocks"),
+                             ({"staging_blocks": 2.5}, "staging_blocks")):
+        with pytest.raises(InvalidArgument) as info:
+            RemoteTier.connect(server.url, mgr, kv, weights=b"weights-digest-0", **kwargs)
+        assert info.value.argument == argument
+    with pytest.raises(InvalidArgument) as info:
+        RemoteTier.connect(server.url, KVCacheManager(8, 4, hash_seed=5), kv, weights=b"weights-digest-0")
+    assert info.value.argument == "manager"
+    assert {t.name for t in threading.enumerate()} - before == set()
+    assert not mgr.take_published() and server.command("DBSIZE") == b":0\r\n"

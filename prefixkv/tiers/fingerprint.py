@@ -25,13 +25,15 @@ No torch and no redis here: tensors are read through their own methods.
 
 from __future__ import annotations
 
+import math
+import operator
 import struct
 from dataclasses import dataclass, field
 from typing import Iterable
 
 import xxhash
 
-from ..errors import PrefixKVError
+from ..errors import InvalidArgument, PrefixKVError
 from ..hashing import HASH_ALGORITHMS
 from ..sizing import DTYPE_BYTES
 
@@ -59,12 +61,37 @@ class UnpinnedHashSeed(PrefixKVError, ValueError):
             "(the same on every replica), or use prefixkv.tiers.fingerprint.derived_hash_seed(...)")
 
 
+def int_argument(name: str, value: object, low: int | None = None) -> int:
+    """``value`` as an ``int`` (numpy integers too), refusing booleans, floats and strings:
+    ``int(2.5)`` would pass a check and ``2.0`` would be written into a digest as ``"2.0"``."""
+    if isinstance(value, bool):
+        raise InvalidArgument(name, f"expected an integer, got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise InvalidArgument(name, f"expected an integer, got {value!r}") from None
+    if low is not None and number < low:
+        raise InvalidArgument(name, f"must be {'positive' if low == 1 else f'>= {low}'}, got {number}")
+    return number
+
+
+def seconds_argument(name: str, value: object, *, zero: bool = False) -> float:
+    """A finite duration: positive, or ``>= 0`` with ``zero``. An infinite timeout is an unbounded wait."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        raise InvalidArgument(name, f"expected a number of seconds, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (number == 0 and not zero):
+        raise InvalidArgument(name, f"expected a finite number of seconds {'>= 0' if zero else 'above 0'}, "
+                                    f"got {value!r}")
+    return number
+
+
 def canonical_dtype(dtype: object) -> str:
     """``"bf16"``, ``"bfloat16"`` or ``torch.bfloat16`` -> ``"bfloat16"``; refuses unknown dtypes."""
     name = str(dtype).removeprefix("torch.")
     name = _CANONICAL.get(name, name)
     if name not in DTYPE_BYTES:
-        raise ValueError(f"unknown KV dtype {dtype!r}; choose from {', '.join(sorted(DTYPE_BYTES))}")
+        raise InvalidArgument("dtype", f"unknown KV dtype {dtype!r}; choose from {', '.join(sorted(DTYPE_BYTES))}")
     return name
 
 
@@ -96,7 +123,7 @@ def weights_digest(named_tensors: Iterable[tuple[str, object]]) -> bytes:
     h = xxhash.xxh3_128(b"prefixkv/weights/v1")
     for name, tensor in items:
         if name in seen:
-            raise ValueError(f"weight {name!r} appears twice")
+            raise InvalidArgument("named_tensors", f"weight {name!r} appears twice")
         seen.add(name)
         shape = tuple(int(s) for s in getattr(tensor, "shape", ()))
         meta = f"{name}\0{getattr(tensor, 'dtype', '')}\0{shape}".encode()
@@ -105,7 +132,7 @@ def weights_digest(named_tensors: Iterable[tuple[str, object]]) -> bytes:
         h.update(struct.pack("<Q", data.nbytes))
         h.update(data)
     if not seen:
-        raise ValueError("weights_digest needs at least one tensor")
+        raise InvalidArgument("named_tensors", "weights_digest needs at least one tensor")
     return h.digest()
 
 
@@ -140,20 +167,28 @@ class Fingerprint:
     def __post_init__(self) -> None:
         if self.hash_seed is None:
             raise UnpinnedHashSeed()
+        # Every field is checked before any is normalised: a refused fingerprint was never half-built.
+        # Integer fields are stored as int: they are written into the digest as text, where 2.0, True
+        # or np.int64(2) must not name another fingerprint than 2.
         if not isinstance(self.weights, (bytes, bytearray)) or len(self.weights) < 8:
-            raise ValueError("weights must be a digest of the weights' contents (weights_digest(...)), "
-                             f"got {self.weights!r}")
+            raise InvalidArgument("weights", "expected a digest of the weights' contents (weights_digest(...)), "
+                                             f"got {self.weights!r}")
+        dtype = canonical_dtype(self.dtype)
+        ints = {name: int_argument(name, getattr(self, name), 1)
+                for name in ("layers", "kv_heads", "head_dim", "block_size", "tp_size")}
+        ints["hash_seed"] = int_argument("hash_seed", self.hash_seed)
+        ints["tp_rank"] = int_argument("tp_rank", self.tp_rank)
+        if not 0 <= ints["tp_rank"] < ints["tp_size"]:
+            raise InvalidArgument("tp_rank", f"must be in [0, {ints['tp_size']}), got {self.tp_rank}")
+        if not isinstance(self.hash_algorithm, str) or self.hash_algorithm not in HASH_ALGORITHMS:
+            raise InvalidArgument("hash_algorithm", f"unknown hash algorithm {self.hash_algorithm!r}; "
+                                                    f"choose from {sorted(HASH_ALGORITHMS)}")
+        if not isinstance(self.layout, str) or not self.layout or "\0" in self.layout:
+            raise InvalidArgument("layout", f"expected a non-empty name without NUL, got {self.layout!r}")
         object.__setattr__(self, "weights", bytes(self.weights))
-        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
-        for name in ("layers", "kv_heads", "head_dim", "block_size", "tp_size"):
-            if int(getattr(self, name)) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if not 0 <= self.tp_rank < self.tp_size:
-            raise ValueError(f"tp_rank must be in [0, {self.tp_size}), got {self.tp_rank}")
-        if self.hash_algorithm not in HASH_ALGORITHMS:
-            raise ValueError(f"unknown hash algorithm {self.hash_algorithm!r}; choose from {sorted(HASH_ALGORITHMS)}")
-        if not self.layout or "\0" in self.layout:
-            raise ValueError(f"layout must be a non-empty name, got {self.layout!r}")
+        object.__setattr__(self, "dtype", dtype)
+        for name, value in ints.items():
+            object.__setattr__(self, name, value)
         text = "\0".join(str(v) for v in (
             "prefixkv/fingerprint/v1", self.dtype, self.layers, self.kv_heads, self.head_dim, self.block_size,
             self.tp_rank, self.tp_size, self.hash_algorithm, self.hash_seed % 2**128, self.layout)).encode()

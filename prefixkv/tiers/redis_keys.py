@@ -26,10 +26,11 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from ..errors import InvalidArgument
 from .block_codec import FORMAT_VERSION, header_size
-from .fingerprint import Fingerprint
+from .fingerprint import Fingerprint, int_argument
 
-__all__ = ["KeySpace", "group_blocks", "GROUP_MAX_BLOCKS", "GROUP_MAX_BYTES", "DEFAULT_PREFIX"]
+__all__ = ["KeySpace", "group_blocks", "check_prefix", "GROUP_MAX_BLOCKS", "GROUP_MAX_BYTES", "DEFAULT_PREFIX"]
 
 GROUP_MAX_BLOCKS = 16
 GROUP_MAX_BYTES = 8 * 2**20
@@ -41,9 +42,17 @@ _HEX32 = "[0-9a-f]" * 32      # a fingerprint, in a SCAN pattern
 
 def group_blocks(value_bytes: int, max_blocks: int = GROUP_MAX_BLOCKS, max_bytes: int = GROUP_MAX_BYTES) -> int:
     """Blocks per group: at most ``max_blocks`` and at most ``max_bytes`` of values (at least 1)."""
-    if value_bytes <= 0 or max_blocks <= 0:
-        raise ValueError(f"value_bytes and max_blocks must be positive, got {value_bytes}, {max_blocks}")
+    value_bytes = int_argument("value_bytes", value_bytes, 1)
+    max_blocks = int_argument("max_blocks", max_blocks, 1)
     return max(1, min(max_blocks, max_bytes // value_bytes))
+
+
+def check_prefix(prefix: object, argument: str = "prefix") -> str:
+    """A key prefix: it goes into SCAN patterns, so only characters that are not glob syntax."""
+    if not isinstance(prefix, str) or not _PREFIX.match(prefix):
+        raise InvalidArgument(argument, f"a key prefix is 1-64 of [A-Za-z0-9_.-] (it goes into SCAN patterns), "
+                                        f"got {prefix!r}")
+    return prefix
 
 
 class KeySpace:
@@ -53,9 +62,7 @@ class KeySpace:
 
     def __init__(self, fingerprint: Fingerprint, prefix: str = DEFAULT_PREFIX,
                  max_group_blocks: int = GROUP_MAX_BLOCKS) -> None:
-        if not _PREFIX.match(prefix):
-            raise ValueError(f"key prefix must be 1-64 of [A-Za-z0-9_.-] (it goes into SCAN patterns), got {prefix!r}")
-        self.prefix = prefix
+        self.prefix = check_prefix(prefix)
         self.fingerprint = fingerprint
         # The largest value: header with content (block_size uint32 token ids; extra keys are small)
         # + payload. A group's budget is reckoned on it so a group never exceeds ~8 MiB.
@@ -69,6 +76,20 @@ class KeySpace:
     def key(self, chain: Sequence[bytes], i: int) -> bytes:
         return self.keys(chain, i, i + 1)[0]
 
+    def tag_start(self, i: int) -> int:
+        """The block whose hash tags block ``i``'s key (the first of its tag group)."""
+        return i - i % self.tag_blocks
+
+    def check_chain(self, chain: Sequence[bytes], start: int, stop: int) -> None:
+        """Refuse (``InvalidArgument``) a chain whose hashes ``keys(chain, start, stop)`` reads are not
+        ``bytes``; a call checks this before it counts or sends anything."""
+        if stop <= start:
+            return
+        for h in chain[self.tag_start(start):stop]:
+            if not isinstance(h, bytes):
+                raise InvalidArgument("chain", f"block hashes must be bytes (a token prompt's chained hashes), "
+                                               f"got {type(h).__name__}")
+
     def keys(self, chain: Sequence[bytes], start: int, stop: int) -> list[bytes]:
         """Keys of blocks ``start .. stop-1``. Block hashes must be ``bytes``."""
         base, group = self._base, self.tag_blocks
@@ -80,9 +101,8 @@ class KeySpace:
                     tag = b"%s{%s}:" % (base, chain[i - i % group].hex()[:_TAG_HEX].encode())
                 out.append(tag + chain[i].hex().encode())
         except (AttributeError, TypeError):
-            bad = next(h for h in chain[start:stop] if not isinstance(h, bytes))
-            raise TypeError(f"block hashes must be bytes (a token prompt's chained hashes), "
-                            f"got {type(bad).__name__}") from None
+            self.check_chain(chain, start, stop)
+            raise
         return out
 
     def group_ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
@@ -102,10 +122,9 @@ class KeySpace:
 
         Shaped like a block key (``v<digits>``, a 32-hex-digit fingerprint, a ``{tag}``), so
         another application's keys under the same prefix (``pkv:visits``) do not match."""
-        if not _PREFIX.match(prefix):
-            raise ValueError(f"bad key prefix {prefix!r}")
+        check_prefix(prefix)
         if fingerprint_hex is None:
             return f"{prefix}:v[0-9]*:{_HEX32}:{{*}}:*".encode()
-        if not re.fullmatch(r"[0-9a-f]{32}", fingerprint_hex):
-            raise ValueError(f"a fingerprint is 32 lowercase hex digits, got {fingerprint_hex!r}")
+        if not isinstance(fingerprint_hex, str) or not re.fullmatch(r"[0-9a-f]{32}", fingerprint_hex):
+            raise InvalidArgument("fingerprint_hex", f"a fingerprint is 32 lowercase hex digits, got {fingerprint_hex!r}")
         return f"{prefix}:v{FORMAT_VERSION}:{fingerprint_hex}:{{*}}:*".encode()

@@ -63,10 +63,11 @@ from typing import Sequence
 
 from redis.exceptions import AskError, MovedError, NoScriptError
 
+from ..errors import InvalidArgument
 from ..hashing import BlockHasher
 from .block_codec import Reject, decode
-from .fingerprint import Fingerprint
-from .redis_keys import DEFAULT_PREFIX, GROUP_MAX_BLOCKS, GROUP_MAX_BYTES, KeySpace
+from .fingerprint import Fingerprint, int_argument, seconds_argument
+from .redis_keys import DEFAULT_PREFIX, GROUP_MAX_BLOCKS, GROUP_MAX_BYTES, KeySpace, check_prefix
 from .redis_net import (HIREDIS, NETWORK_ERRORS, Node, NodeDown, RemoteTierError, StoreClosed, Timeouts, Topology,
                         roundtrip, send_all)
 from .redis_writer import BackgroundWriter, Pending
@@ -102,13 +103,18 @@ class RedisStoreConfig:
 
     def __post_init__(self) -> None:
         if self.probe_mode not in ("lua", "exists"):
-            raise ValueError(f"probe_mode must be 'lua' or 'exists', got {self.probe_mode!r}")
-        for name in ("ttl_s", "connect_timeout_s", "socket_timeout_s", "probe_interval_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("batch_bytes", "max_group_blocks", "first_probe_groups", "queue_blocks", "queue_bytes"):
-            if int(getattr(self, name)) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+            raise InvalidArgument("probe_mode", f"expected 'lua' or 'exists', got {self.probe_mode!r}")
+        check_prefix(self.prefix)
+        # Finite durations only: an infinite socket timeout is an unbounded wait on a hung server,
+        # an infinite TTL overflowed int(ttl_s * 1000). Counts are integers: int(2.5) passed the
+        # old check and a fractional group size then indexed the chain with floats.
+        values = {name: seconds_argument(name, getattr(self, name))
+                  for name in ("ttl_s", "connect_timeout_s", "socket_timeout_s", "probe_interval_s")}
+        values.update({name: int_argument(name, getattr(self, name), 1)
+                       for name in ("batch_bytes", "max_group_blocks", "first_probe_groups", "queue_blocks",
+                                    "queue_bytes")})
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,10 +209,10 @@ class RedisBlockStore:
         """Leading blocks of ``chain[start:]`` present on the server (0 when unreachable)."""
         self._check_open()
         stop = len(chain)
-        if start < 0:
-            raise ValueError(f"start must be >= 0, got {start}")
+        start = int_argument("start", start, 0)
         if start >= stop:
             return 0
+        self.keys.check_chain(chain, start, stop)
         if self.topology.all_down():
             self._count["short_circuits"] += 1
             return 0
@@ -296,14 +302,14 @@ class RedisBlockStore:
     def fetch(self, chain: Sequence[bytes], start: int, stop: int, contents: Sequence[bytes] | None = None) -> Fetched:
         """Verified payloads of the leading loadable blocks of ``chain[start:stop]`` (see the module docstring)."""
         self._check_open()
-        if start < 0:
-            raise ValueError(f"start must be >= 0, got {start}")
-        stop = min(stop, len(chain))
+        start = int_argument("start", start, 0)
+        stop = min(int_argument("stop", stop), len(chain))
         out = Fetched([])
         if start >= stop:
             return out
         if contents is not None and len(contents) < stop - start:
-            raise ValueError(f"contents has {len(contents)} entries for {stop - start} blocks")
+            raise InvalidArgument("contents", f"{len(contents)} entries for {stop - start} blocks")
+        self.keys.check_chain(chain, start, stop)
         if self.topology.all_down():
             self._count["short_circuits"] += 1
             out.stop = "error"
@@ -371,18 +377,29 @@ class RedisBlockStore:
         """Queue blocks ``start..start+len(payloads)-1`` of ``chain`` for writing; returns how many were queued."""
         self._check_open()
         n = len(payloads)
+        start = int_argument("start", start)
         if start < 0 or start + n > len(chain):
-            raise ValueError(f"blocks {start}..{start + n - 1} are outside a chain of {len(chain)}")
+            raise InvalidArgument("start", f"blocks {start}..{start + n - 1} are outside a chain of {len(chain)}")
         if contents is not None and len(contents) != n:
-            raise ValueError(f"contents has {len(contents)} entries for {n} payloads")
+            raise InvalidArgument("contents", f"{len(contents)} entries for {n} payloads")
         size, block_bytes = self.fingerprint.hash_size, self.fingerprint.block_bytes
+        # check everything first: a bad call queues nothing. The key of a block mid-group names its
+        # group's first hash, and a block's value its parent's: both are read, so both are checked.
+        self.keys.check_chain(chain, start, start + n)
+        if start and n and (not isinstance(chain[start - 1], bytes) or len(chain[start - 1]) != size):
+            raise InvalidArgument("chain", f"block hash {start - 1} (the parent of block {start}) is not "
+                                           f"{size} bytes ({self.fingerprint.hash_algorithm})")
         views = []
-        for j, payload in enumerate(payloads):       # check everything first: a bad call queues nothing
-            view = memoryview(payload).cast("B")
+        for j, payload in enumerate(payloads):
+            try:
+                view = memoryview(payload).cast("B")
+            except (TypeError, ValueError) as exc:
+                raise InvalidArgument("payloads", f"payload {j} is not a contiguous buffer: {exc}") from None
             if view.nbytes != block_bytes:
-                raise ValueError(f"payload {j} is {view.nbytes} bytes; a block is {block_bytes}")
-            if not isinstance(chain[start + j], bytes) or len(chain[start + j]) != size:
-                raise ValueError(f"block hash {start + j} is not {size} bytes ({self.fingerprint.hash_algorithm})")
+                raise InvalidArgument("payloads", f"payload {j} is {view.nbytes} bytes; a block is {block_bytes}")
+            if len(chain[start + j]) != size:
+                raise InvalidArgument("chain", f"block hash {start + j} is not {size} bytes "
+                                               f"({self.fingerprint.hash_algorithm})")
             views.append(view)
         self._count["puts"] += n
         if n == 0:
@@ -399,7 +416,7 @@ class RedisBlockStore:
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every queued write and deletion has been sent (or dropped). False on timeout."""
-        return self.writer.flush(timeout_s)
+        return self.writer.flush(seconds_argument("timeout_s", timeout_s, zero=True))
 
     # -- stats and operators ---------------------------------------------------------
     def stats(self) -> StoreStats:
@@ -457,6 +474,7 @@ class RedisBlockStore:
         per node (SCAN always terminates; the bound only guards against a server that misbehaves)."""
         self._check_open()
         pattern = KeySpace.pattern(self.config.prefix, fingerprint_hex)
+        max_rounds = int_argument("max_rounds", max_rounds, 1)
         deleted = 0
         with self._fg:
             for node in self.topology.masters():
@@ -483,6 +501,7 @@ class RedisBlockStore:
     def close(self, flush_timeout_s: float = 5.0) -> None:
         """Send what is queued (up to ``flush_timeout_s``), stop the background thread, disconnect.
         Closing twice is a no-op; every later call but ``stats`` and ``flush`` raises ``StoreClosed``."""
+        flush_timeout_s = seconds_argument("flush_timeout_s", flush_timeout_s, zero=True)
         if self.closed:
             return
         self.closed = True

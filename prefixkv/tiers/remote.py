@@ -44,7 +44,8 @@ import json
 import time
 from typing import Any
 
-from .fingerprint import UnpinnedHashSeed, weights_digest
+from ..errors import InvalidArgument
+from .fingerprint import UnpinnedHashSeed, int_argument, seconds_argument, weights_digest
 from .redis_store import RedisBlockStore, RedisStoreConfig
 from .staging import StagingBuffer, fingerprint_for
 
@@ -69,8 +70,8 @@ def model_weights_digest(model) -> bytes:
     module = model if hasattr(model, "state_dict") else getattr(model, "hf_model", None)
     state_dict = getattr(module, "state_dict", None)
     if state_dict is None:
-        raise TypeError(f"cannot read the weights of a {type(model).__name__} (no state_dict()); pass weights= "
-                        "(prefixkv.tiers.fingerprint.weights_digest of its tensors)")
+        raise InvalidArgument("model", f"cannot read the weights of a {type(model).__name__} (no state_dict()); "
+                                       "pass weights= (prefixkv.tiers.fingerprint.weights_digest of its tensors)")
     tensors = dict(state_dict())
     named_buffers = getattr(module, "named_buffers", None)
     if named_buffers is not None:
@@ -103,6 +104,30 @@ def default_host_blocks(num_blocks: int) -> int:
     return 2 * num_blocks
 
 
+def _check_options(max_prefetch_blocks, staging_blocks, max_held) -> tuple:
+    if max_prefetch_blocks is not None:
+        max_prefetch_blocks = int_argument("max_prefetch_blocks", max_prefetch_blocks, 1)
+    # a negative max_held deleted more held records than there were and counted them as dropped
+    return max_prefetch_blocks, int_argument("staging_blocks", staging_blocks, 1), int_argument("max_held", max_held, 0)
+
+
+def _check_manager(manager, kv) -> None:
+    host = manager.host
+    if host is None or not host.cache:
+        raise InvalidArgument("manager", "a remote tier stages blocks in the host tier: build the manager with "
+                                         "num_host_blocks > 0 and host_cache=True")
+    if manager.pool.verify:
+        raise InvalidArgument("manager", "a manager with verify=True takes no host-tier hits, so a remote tier "
+                                         "could serve nothing; the remote tier verifies every block's token ids "
+                                         "itself: use verify=False")
+    if not manager.enable_caching:
+        raise InvalidArgument("manager", "a remote tier needs prefix caching (enable_caching=True)")
+    if kv.host is None or kv.num_host_blocks != manager.num_host_blocks:
+        raise InvalidArgument("kv", f"the KV store's host pool ({kv.num_host_blocks} blocks) must match the "
+                                    f"manager's num_host_blocks ({manager.num_host_blocks}): "
+                                    "kv.allocate_host(num_host_blocks)")
+
+
 class RemoteTier:
     """A ``RedisBlockStore`` as the tier below ``manager``'s host tier, staging through ``kv.host``."""
 
@@ -115,29 +140,18 @@ class RemoteTier:
         ``max_prefetch_blocks``: blocks one prefetch may stage (None: the host tier's capacity);
         ``staging_blocks``: the pack/unpack buffer; ``max_held``: published blocks whose KV is not
         yet written kept for a later write-back (beyond: dropped and counted)."""
-        host = manager.host
-        if host is None or not host.cache:
-            raise ValueError("a remote tier stages blocks in the host tier: build the manager with "
-                             "num_host_blocks > 0 and host_cache=True")
-        if manager.pool.verify:
-            raise ValueError("a manager with verify=True takes no host-tier hits, so a remote tier could serve "
-                             "nothing; the remote tier verifies every block's token ids itself: use verify=False")
-        if not manager.enable_caching:
-            raise ValueError("a remote tier needs prefix caching (enable_caching=True)")
-        if kv.host is None or kv.num_host_blocks != manager.num_host_blocks:
-            raise ValueError(f"the KV store's host pool ({kv.num_host_blocks} blocks) must match the manager's "
-                             f"num_host_blocks ({manager.num_host_blocks}): kv.allocate_host(num_host_blocks)")
+        max_prefetch_blocks, staging_blocks, max_held = _check_options(max_prefetch_blocks, staging_blocks, max_held)
+        _check_manager(manager, kv)
         fp, hasher = store.fingerprint, manager.hasher
         if (fp.block_size, fp.hash_seed, fp.hash_algorithm) != (hasher.block_size, hasher.seed, hasher.algorithm):
-            raise ValueError(f"the store's fingerprint hashes blocks of {fp.block_size} with seed {fp.hash_seed} "
-                             f"({fp.hash_algorithm}); the manager: {hasher.block_size}, {hasher.seed} "
-                             f"({hasher.algorithm})")
+            raise InvalidArgument("store", f"its fingerprint hashes blocks of {fp.block_size} with seed "
+                                           f"{fp.hash_seed} ({fp.hash_algorithm}); the manager: {hasher.block_size}, "
+                                           f"{hasher.seed} ({hasher.algorithm})")
         self.staging = StagingBuffer(kv, staging_blocks)
         if fp.block_bytes != self.staging.block_bytes:
-            raise ValueError(f"the store's fingerprint has {fp.block_bytes}-byte blocks; the KV store's are "
-                             f"{self.staging.block_bytes}")
-        if max_prefetch_blocks is not None and max_prefetch_blocks <= 0:
-            raise ValueError(f"max_prefetch_blocks must be positive, got {max_prefetch_blocks}")
+            raise InvalidArgument("store", f"its fingerprint has {fp.block_bytes}-byte blocks; the KV store's are "
+                                           f"{self.staging.block_bytes}")
+        host = manager.host
         self.store = store
         self.manager = manager
         self.kv = kv
@@ -157,12 +171,16 @@ class RemoteTier:
         Makes no round trip (a cluster URL reads the slot map, bounded by the timeouts)."""
         if not getattr(manager, "hash_seed_pinned", False):
             raise UnpinnedHashSeed()
+        # everything the tier would refuse is refused before the store starts its thread
+        _check_options(kwargs.get("max_prefetch_blocks"), kwargs.get("staging_blocks", 64),
+                       kwargs.get("max_held", 4096))
+        _check_manager(manager, kv)
         hasher = manager.hasher
         fp = fingerprint_for(kv, weights, hash_seed=hasher.seed, hash_algorithm=hasher.algorithm,
                              tp_rank=tp_rank, tp_size=tp_size)
         if fp.block_size != hasher.block_size:
-            raise ValueError(f"the KV store's block size {fp.block_size} differs from the manager's "
-                             f"{hasher.block_size}")
+            raise InvalidArgument("kv", f"the KV store's block size {fp.block_size} differs from the manager's "
+                                        f"{hasher.block_size}")
         store = RedisBlockStore(url, fp, config)
         try:
             return cls(store, manager, kv, **kwargs)
@@ -342,6 +360,7 @@ class RemoteTier:
 
     def close(self, flush_timeout_s: float = 5.0) -> None:
         """Send what is queued (bounded), stop the store's thread, stop recording published blocks."""
+        seconds_argument("flush_timeout_s", flush_timeout_s, zero=True)
         self.manager.record_published(False)
         self._held.clear()
         self.store.close(flush_timeout_s)
