@@ -284,3 +284,33 @@ def test_remote_tier_refusals_name_the_argument_before_a_store_is_built(server):
     assert info.value.argument == "manager"
     assert {t.name for t in threading.enumerate()} - before == set()
     assert not mgr.take_published() and server.command("DBSIZE") == b":0\r\n"
+
+
+@pytest.mark.parametrize("url, words", [
+    ("redis+cluster://127.0.0.1:99999", "out of range"), ("redis+cluster://127.0.0.1:abc", "integer"),
+    ("redis+cluster://127.0.0.1:7000/3", "database 0"), ("redis://127.0.0.1:6379/x", "database"),
+])
+def test_unusable_urls_are_refused_with_remote_tier_error(url, words):
+    """A cluster seed's bad port escaped as a plain ValueError from urllib; a database in a cluster URL
+    (a cluster has only database 0) and a database that is not a number in a redis:// URL were
+    ignored, so the store silently used database 0 (and clear() emptied database 0)."""
+    with pytest.raises(RemoteTierError, match=words):
+        RedisBlockStore(url, FP)
+
+
+def test_clear_spares_other_applications_keys_that_pass_the_scan_pattern(server, raw):  # noqa: F811
+    """SCAN's glob cannot say 'digits only' (``v[0-9]*`` is one digit and then anything), so another
+    application's ``pkv:v2:sessions:<32 hex digits>:{u}:x`` matched and clear() deleted it. Keys are
+    now checked against the exact block-key shape before the UNLINK."""
+    fp_hex = "0123456789abcdef0123456789abcdef"
+    others = [f"pkv:v2:sessions:{fp_hex}:{{u}}:x", f"pkv:v1:{fp_hex}:{{user-7}}:profile",
+              f"pkv:v1:{FP.hex}:{{0123456789abcdef}}:notes"]
+    for key in others:
+        raw.set(key, b"keep")
+    blocks = Blocks(FP, 3, seed=8)
+    with RedisBlockStore(server.url, FP) as store:
+        stored(store, blocks)
+        assert store.clear() == 3
+        stored(store, blocks)
+        assert store.clear(FP.hex) == 3
+    assert [raw.get(k) for k in others] == [b"keep"] * 3

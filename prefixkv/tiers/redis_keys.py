@@ -117,14 +117,30 @@ class KeySpace:
         return out
 
     @staticmethod
+    def block_key_shape(prefix: str = DEFAULT_PREFIX, fingerprint_hex: str | None = None) -> "re.Pattern[bytes]":
+        """The exact shape of a block key (``fullmatch`` it), for what ``pattern`` cannot say: SCAN's glob
+        has no 'digits only' or 'hex only', so ``v[0-9]*`` also matches ``v2:sessions:...``."""
+        check_prefix(prefix)
+        version = rb"\d+" if fingerprint_hex is None else str(FORMAT_VERSION).encode()
+        fingerprint = rb"[0-9a-f]{32}" if fingerprint_hex is None else KeySpace._fingerprint_hex(fingerprint_hex).encode()
+        return re.compile(re.escape(prefix.encode()) + rb":v" + version + rb":" + fingerprint
+                          + rb":\{[0-9a-f]{%d}\}:(?:[0-9a-f]{2}){8,64}" % _TAG_HEX)
+
+    @staticmethod
+    def _fingerprint_hex(fingerprint_hex: object) -> str:
+        if not isinstance(fingerprint_hex, str) or not re.fullmatch(r"[0-9a-f]{32}", fingerprint_hex):
+            raise InvalidArgument("fingerprint_hex", f"a fingerprint is 32 lowercase hex digits, got {fingerprint_hex!r}")
+        return fingerprint_hex
+
+    @staticmethod
     def pattern(prefix: str = DEFAULT_PREFIX, fingerprint_hex: str | None = None) -> bytes:
         """SCAN pattern for every block under ``prefix`` (all versions), or of one fingerprint.
 
         Shaped like a block key (``v<digits>``, a 32-hex-digit fingerprint, a ``{tag}``), so
-        another application's keys under the same prefix (``pkv:visits``) do not match."""
+        another application's keys under the same prefix (``pkv:visits``) do not match. A glob
+        is coarser than a key: filter what SCAN returns with ``block_key_shape``."""
         check_prefix(prefix)
         if fingerprint_hex is None:
             return f"{prefix}:v[0-9]*:{_HEX32}:{{*}}:*".encode()
-        if not isinstance(fingerprint_hex, str) or not re.fullmatch(r"[0-9a-f]{32}", fingerprint_hex):
-            raise InvalidArgument("fingerprint_hex", f"a fingerprint is 32 lowercase hex digits, got {fingerprint_hex!r}")
+        KeySpace._fingerprint_hex(fingerprint_hex)
         return f"{prefix}:v{FORMAT_VERSION}:{fingerprint_hex}:{{*}}:*".encode()

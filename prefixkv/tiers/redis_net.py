@@ -219,6 +219,10 @@ def _node_kwargs(url: str) -> dict:
         kwargs = parse_url(url)
     except ValueError as exc:
         raise RemoteTierError(f"unusable remote URL {url!r}: {exc}") from None
+    # redis-py drops a database it cannot read as a number and connects to database 0 instead
+    path = urlparse(url).path.strip("/")
+    if not url.startswith("unix:") and path and not path.isdecimal():
+        raise RemoteTierError(f"unusable remote URL {url!r}: the database must be a number, got {path!r}")
     return kwargs
 
 
@@ -336,13 +340,20 @@ def _parse_cluster_url(url: str) -> tuple[dict, list[tuple[str, int]]]:
             auth["username"] = unquote(user)
         if password:
             auth["password"] = unquote(password)
-    hosts = rest.split("/", 1)[0]
+    hosts, _, db = rest.partition("/")
+    # A cluster serves database 0 only; a URL naming another was used as database 0 without a word.
+    if db.strip("/") not in ("", "0"):
+        raise RemoteTierError(f"cluster URL {url!r}: a Redis Cluster has database 0 only, got {db!r}")
     seeds = []
     for part in hosts.split(","):
-        parsed = urlparse("//" + part)
-        if not parsed.hostname:
+        try:
+            parsed = urlparse("//" + part)
+            host, port = parsed.hostname, parsed.port
+        except ValueError as exc:       # a port that is not a number, or out of range
+            raise RemoteTierError(f"cluster URL {url!r}: {part!r} is not host:port ({exc})") from None
+        if not host:
             raise RemoteTierError(f"cluster URL {url!r}: {part!r} is not host:port")
-        seeds.append((parsed.hostname, parsed.port or 6379))
+        seeds.append((host, port or 6379))
     if not seeds:
         raise RemoteTierError(f"cluster URL {url!r} names no node")
     return auth, seeds

@@ -474,6 +474,7 @@ class RedisBlockStore:
         per node (SCAN always terminates; the bound only guards against a server that misbehaves)."""
         self._check_open()
         pattern = KeySpace.pattern(self.config.prefix, fingerprint_hex)
+        shape = KeySpace.block_key_shape(self.config.prefix, fingerprint_hex)
         max_rounds = int_argument("max_rounds", max_rounds, 1)
         deleted = 0
         with self._fg:
@@ -485,6 +486,7 @@ class RedisBlockStore:
                         if isinstance(reply, Exception):
                             raise RemoteTierError(f"{node.name}: {reply}")
                         cursor, keys = reply
+                        keys = [key for key in keys if shape.fullmatch(key)]
                         if keys:      # one UNLINK per key, pipelined: a cluster refuses multi-slot UNLINK
                             replies = roundtrip(node, node.fg, [("UNLINK", key) for key in keys])
                             errors = [r for r in replies if isinstance(r, Exception)]
