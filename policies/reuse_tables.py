@@ -35,15 +35,20 @@ MAX_OPEN = 1 << 19       # experiments open at once, at most (later blocks open 
 
 def chat_class(leaf: bool, shared: bool, count: int, gap: float, tokens: int) -> tuple:
     """A chat block's class: the release's tail; a block shared by sessions; else a private block by how
-    often its hash was accessed (1..4+), the time since its session's previous request (none, < 30 s,
-    < 10 min, longer) and the request's length (< 16k, < 32k, longer tokens). Coarse to fine: the
-    tables shrink a class to its prefix."""
+    often its hash was accessed (1, 2, 3+), the time since its session's previous request (none, < 30 s,
+    < 10 min, longer) and the request's length (< 16k, < 32k, < 128k, longer tokens). Coarse to fine:
+    the tables shrink a class to its prefix.
+
+    The 128k cut separates the very long requests (document-sized contexts, re-read often on Mooncake
+    synthetic: most of what a depth-weighted GDSF gains there over the tables lies at depth >= 128
+    blocks of 512); a 64k cut as well split conversation's long requests, whose reuse does not differ
+    from 32-64k ones, into classes too small to learn (RESULTS, seventh session)."""
     if leaf:
         return ("leaf",)
     if shared:
         return ("shared",)
-    return ("private", count if count < 4 else 4, 0 if gap < 0 else (1 if gap < 30 else (2 if gap < 600 else 3)),
-            (tokens >= 16384) + (tokens >= 32768))
+    return ("private", count if count < 3 else 3, 0 if gap < 0 else (1 if gap < 30 else (2 if gap < 600 else 3)),
+            (tokens >= 16384) + (tokens >= 32768) + (tokens >= 131072))
 
 
 class ClassStats:
