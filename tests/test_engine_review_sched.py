@@ -415,3 +415,27 @@ def test_scheduler_config_refuses_limits_that_are_not_ints(kwargs):
     """8.5 was taken: chunk sizes came out fractional and every step's commit failed."""
     with pytest.raises((TypeError, ValueError)):
         SchedulerConfig(**kwargs)
+
+
+# -- a failed round's block moves never run later ----------------------------------------------
+def test_a_failed_round_drops_its_copy_on_write_copies():
+    """Demotions and loads of a round that failed midway were dropped, its copy-on-write copies were
+    not: the next round ran the stale copy into a block that may have been handed out again."""
+    mgr, sched = make(num_blocks=16, caching=False, max_num_batched_tokens=64)
+    ex = EchoExecutor()
+    sched.add(Request("a", (1, 2, 3, 4, 5, 6), max_new_tokens=4))
+    step(sched, ex)                       # a: 7 tokens, its tail block partly filled
+    mgr.fork("a", "x")                    # a caller's fork shares a's partial tail
+    sched.add(Request("b", (7, 8, 9), max_new_tokens=1))
+
+    def lost(*args):
+        raise RuntimeError("executor lost")
+
+    sched._admit = lost                   # a's grow (its copy on write) is applied, then the round fails
+    with pytest.raises(RuntimeError):
+        sched.commit(Round(grow=(("a", 1),), admit=(("b", 3),)))
+    del sched._admit
+    sched.add(Request("c", (1, 2, 3, 4, 5, 6, 7, 8), max_new_tokens=1))
+    plan = sched.schedule()
+    assert not [op for op in plan.block_ops if op.kind == "copy"]
+    mgr.check_invariants()

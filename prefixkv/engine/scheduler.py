@@ -542,6 +542,7 @@ class Scheduler:
         # Block moves of a round that will not run: dropped (the host blocks loads read are freed).
         self.mgr.take_demotions()
         self.mgr.take_loads()
+        self.mgr.take_copies()      # its targets were released with the failed requests
         if published and self.mgr.enable_caching:
             # Blocks published this step hold KV that was never (fully) written. The manager
             # cannot forget single hashes, so forget them all; requests holding blocks go back
