@@ -275,6 +275,37 @@ class FlatIndex:
     def _given(self, tags: np.ndarray | None, n: int) -> np.ndarray:
         return tags[:n] if tags is not None and tags.shape[0] >= n else self._no_tags
 
+    # -- fused kernels outside the index -----------------------------------------
+    # A pool's compiled batches (``lru_kernels``) change the table and the LRU links in one call; the
+    # index hands them its arrays here and is told what they did, so its entry count is kept here only.
+    def kernel_table(self, tags: np.ndarray | None = None, n: int = 0, extra: int = 0) -> tuple:
+        """``(slots, keys, has, given tags, scratch)`` for a fused kernel: the tags of the first ``n``
+        keys when the caller has them (else none), room made first for ``extra`` more entries (the
+        table may be replaced: take the arrays after, never keep them). Report the kernel's changes
+        with ``entries_removed`` / ``entries_added``."""
+        if extra:
+            self._reserve(extra)
+        return self.slots, self.keys, self.has, self._given(tags, n), self._scratch
+
+    @property
+    def no_rows(self) -> np.ndarray:
+        """An empty key-rows array: a kernel's "do not copy the removed keys out"."""
+        return self._no_rows
+
+    @property
+    def no_tags(self) -> np.ndarray:
+        """An empty tags array: a kernel's "no tags given" / "do not copy the tags out"."""
+        return self._no_tags
+
+    def entries_removed(self, k: int) -> None:
+        """A fused kernel took ``k`` entries out of the table."""
+        self.count -= k
+
+    def entries_added(self, k: int) -> None:
+        """A fused kernel entered ``k`` keys (``inserted`` says so, as after ``insert_array``)."""
+        self.inserted = k
+        self.count += k
+
     def _check_rows(self, blocks: np.ndarray) -> None:
         """IndexError (nothing changed) for a block without a row: the kernels write rows unchecked."""
         if blocks.shape[0] and (int(blocks.min()) < 0 or int(blocks.max()) >= self.has.shape[0]):

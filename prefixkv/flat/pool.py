@@ -319,10 +319,9 @@ class FlatBlockPool(BlockPool):
         index = self.index
         prev, nxt, ends = lru.views()
         if not lru_kernels.take_evictable(np.frombuffer(self.ref_count, np.int32), prev, nxt, ends, arr, _NO_FLAGS,
-                                          index.slots, index.keys, index.has, index._given(tags, arr.shape[0]),
-                                          index._scratch, index._no_rows, index._no_tags):
+                                          *index.kernel_table(tags, arr.shape[0]), index.no_rows, index.no_tags):
             return False
-        index.count -= arr.shape[0]     # evictable: each held its key in the table
+        index.entries_removed(arr.shape[0])     # evictable: each held its key in the table
         return True
 
     def _claim_array(self, n: int, lru: CompiledLRU) -> np.ndarray:
@@ -343,11 +342,11 @@ class FlatBlockPool(BlockPool):
         index = self.index
         victims = np.empty(k, np.int64)
         if self.on_evict_many is None:
-            rows, tags = index._no_rows, index._no_tags
+            rows, tags = index.no_rows, index.no_tags
         else:       # the keys removed, and their tags, for the tier below
             rows, tags = np.empty((k, index.words), np.uint64), np.empty(k, np.int64)
         self._evict_compiled(lru, victims, rows, tags)
-        index.count -= k
+        index.entries_removed(k)
         self.evictions += k
         if self.on_evict_many is not None:
             self.on_evict_many(victims, HashRows(rows, tags))
@@ -356,8 +355,8 @@ class FlatBlockPool(BlockPool):
     def _evict_compiled(self, lru: CompiledLRU, victims: np.ndarray, rows: np.ndarray, tags: np.ndarray) -> None:
         index = self.index
         prev, nxt, ends = lru.views()
-        lru_kernels.evict_front(prev, nxt, ends, victims, index.slots, index.keys, index.has, index._scratch, rows,
-                                index._no_tags, tags)
+        slots, keys, has, _, scratch = index.kernel_table()
+        lru_kernels.evict_front(prev, nxt, ends, victims, slots, keys, has, scratch, rows, index.no_tags, tags)
 
     def allocate_run(self, n: int, num_tokens: int | None = None) -> Sequence[int]:
         """``allocate``: an int64 array for a batch a compiled call pays for, else a list."""
@@ -408,14 +407,12 @@ class FlatBlockPool(BlockPool):
         index = self.index
         q = index.column(hashes, exact=not self.hashes_checked)
         blocks = self._free.pop(n)
-        index._reserve(n)
         got = np.empty(n, np.int64)
         done = self._cache_compiled(lru, q, _tags(hashes, 0, n), blocks, got)
         if done >= 0:       # a hash already here: nothing changed
             self._free.push(blocks[::-1])       # back as they were
             return None
-        index.inserted = -1 - done
-        index.count += index.inserted
+        index.entries_added(-1 - done)
         if index.inserted != n:     # a hash listed twice in the batch: its second copy is dropped again
             new = got == blocks
             primaries = blocks[new]
@@ -425,11 +422,10 @@ class FlatBlockPool(BlockPool):
         return blocks
 
     def _cache_compiled(self, lru: CompiledLRU, q: np.ndarray, tags, blocks: np.ndarray, got: np.ndarray) -> int:
-        index = self.index
         prev, nxt, ends = lru.views()
-        return lru_kernels.cache_absent(index.slots, index.keys, index.has, q, index._given(tags, q.shape[0]), blocks,
-                                        got, index._scratch, np.frombuffer(self.num_tokens, np.int64),
-                                        self.block_size, prev, nxt, ends)
+        slots, keys, has, given, scratch = self.index.kernel_table(tags, q.shape[0], extra=q.shape[0])
+        return lru_kernels.cache_absent(slots, keys, has, q, given, blocks, got, scratch,
+                                        np.frombuffer(self.num_tokens, np.int64), self.block_size, prev, nxt, ends)
 
     def publish_many(self, blocks: list[int], hashes: list[Hashable], parents: Sequence[Hashable | None],
                      depths: Sequence[int]) -> None:
