@@ -15,10 +15,19 @@ nothing between scrapes; router decisions are counted as they happen.
 
 from __future__ import annotations
 
+import math
+import numbers
+import threading
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .errors import InvalidArgument
+
+# The router's decision reasons (``prefixkv.fleet.router.REASON_*``), spelled out so this module
+# imports no fleet code.
+REASONS = frozenset(("round-robin", "least-load", "miss", "overlap", "guard"))
 
 # (name, help, CacheStats field) of the manager's counters
 _MANAGER_COUNTERS = (
@@ -36,6 +45,33 @@ _MANAGER_COUNTERS = (
 )
 
 
+# The states a tier's block gauge takes: a tier's stats() may hold more (counters, a URL, a
+# fingerprint), which are not block counts and would each add a series.
+TIER_STATES = ("active", "cached", "free")
+
+
+def _label(argument: str, value: object) -> str:
+    # checked when watched: prometheus-client only fails on a non-string label at scrape time,
+    # and then every series of the registry is lost, not just this one
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(argument, f"expected a non-empty string label, got {value!r}")
+    return value
+
+
+def _block_counts(stats: object) -> dict[str, float]:
+    """The tier states of one ``stats()`` answer; ValueError when it is not a dict of finite counts."""
+    if not isinstance(stats, dict):
+        raise ValueError(f"stats() returned {type(stats).__name__}, not a dict")
+    out = {}
+    for state in TIER_STATES:
+        if state in stats:
+            value = stats[state]
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise ValueError(f"stats()[{state!r}] is {value!r}, not a finite number")
+            out[state] = float(value)
+    return out
+
+
 class _Collector:
     """Reads every watched object at scrape time."""
 
@@ -43,6 +79,18 @@ class _Collector:
         self.managers: list[tuple[str, object]] = []
         self.tiers: list[tuple[str, str, Callable[[], dict]]] = []
         self.engines: list[tuple[str, object]] = []
+        self.tier_errors: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()     # scrapes may run on several server threads at once
+
+    def _tier_counts(self, worker: str, tier: str, stats: Callable[[], dict]) -> dict[str, float]:
+        # One tier's failing stats() (a closed store, a non-number) leaves that tier out of this
+        # scrape and is counted; raising here would fail the whole scrape, every worker's series.
+        try:
+            return _block_counts(stats())
+        except Exception:
+            with self._lock:
+                self.tier_errors[worker, tier] = self.tier_errors.get((worker, tier), 0) + 1
+            return {}
 
     def collect(self):
         blocks = GaugeMetricFamily("prefixkv_blocks", "Blocks by tier and state (active, cached, free)",
@@ -61,10 +109,17 @@ class _Collector:
             for name, _, field in _MANAGER_COUNTERS:
                 counters[name].add_metric([worker], getattr(s, field))
         for worker, tier, stats in self.tiers:
-            for state, value in stats().items():
+            for state, value in self._tier_counts(worker, tier, stats).items():
                 blocks.add_metric([worker, tier, state], value)
         yield blocks
         yield from counters.values()
+        errors = CounterMetricFamily("prefixkv_tier_stats_errors", "Scrapes that left a tier out: its stats() "
+                                     "raised or was not a dict of finite block counts", labels=["worker", "tier"])
+        with self._lock:
+            failed = list(self.tier_errors.items())
+        for (worker, tier), n in failed:
+            errors.add_metric([worker, tier], n)
+        yield errors
         running = GaugeMetricFamily("prefixkv_engine_running_requests", "Requests holding device blocks",
                                     labels=["worker"])
         waiting = GaugeMetricFamily("prefixkv_engine_waiting_requests", "Requests waiting or preempted",
@@ -91,6 +146,9 @@ class Metrics:
         """Export ``manager`` under ``worker``. Watching it again under that label is a no-op (as
         ``watch_engine`` does for its manager); another manager under a watched label is refused
         (``ValueError``): its series would collide."""
+        _label("worker", worker)
+        if not callable(getattr(manager, "stats", None)) or not hasattr(manager, "num_host_blocks"):
+            raise InvalidArgument("manager", f"expected a KVCacheManager, got {type(manager).__name__}")
         for w, watched in self._collector.managers:
             if w == worker:
                 if watched is manager:
@@ -103,7 +161,14 @@ class Metrics:
 
     def watch_tier(self, tier: str, stats: Callable[[], dict], *, worker: str = "0") -> None:
         """A lower tier: ``stats()`` returns block counts by state (``{"active": n, "free": m}``).
-        One tier name per worker, and not a manager's own ``device`` / ``host`` (``ValueError``)."""
+        One tier name per worker, and not a manager's own ``device`` / ``host`` (``ValueError``).
+        Only the states in ``TIER_STATES`` are exported; a scrape where ``stats()`` raises or gives
+        a state that is not a finite number leaves the tier out and counts it in
+        ``prefixkv_tier_stats_errors_total``."""
+        _label("tier", tier)
+        _label("worker", worker)
+        if not callable(stats):
+            raise InvalidArgument("stats", f"expected a callable returning block counts by state, got {stats!r}")
         taken = {t for w, t, _ in self._collector.tiers if w == worker}
         if any(w == worker for w, _ in self._collector.managers):
             taken |= {"device", "host"}
@@ -114,6 +179,9 @@ class Metrics:
     def watch_engine(self, engine, *, worker: str = "0") -> None:
         """Export ``engine`` (and its manager) under ``worker``; the same engine again is a no-op,
         another engine under a watched label is refused (``ValueError``)."""
+        _label("worker", worker)
+        if not all(hasattr(engine, name) for name in ("manager", "scheduler", "run_metrics")):
+            raise InvalidArgument("engine", f"expected an Engine, got {type(engine).__name__}")
         for w, watched in self._collector.engines:
             if w == worker:
                 if watched is engine:
@@ -123,8 +191,13 @@ class Metrics:
         self._collector.engines.append((worker, engine))
 
     def router_decision(self, decision, router: str = "kv-aware+guard") -> None:
-        """Count one routing decision (usable as ``FleetRouter(on_decision=...)``)."""
-        self._decisions.labels(router=router, reason=decision.reason).inc()
+        """Count one routing decision (usable as ``FleetRouter(on_decision=...)``). A reason that is
+        not one of the router's own (``REASONS``) is counted as ``other``: each label value is a
+        series kept for the life of the process, so a reason carrying an id would grow without end."""
+        _label("router", router)
+        reason = decision.reason
+        known = isinstance(reason, str) and reason in REASONS
+        self._decisions.labels(router=router, reason=reason if known else "other").inc()
 
     def serve(self, port: int = 0, addr: str = "127.0.0.1"):
         """Serve ``/metrics`` over HTTP; returns the server (``.server_port``, ``.shutdown()``)."""
