@@ -30,6 +30,7 @@ import struct
 
 import xxhash
 
+from ..errors import InvalidArgument
 from .fingerprint import Fingerprint
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "Reject", "encode", "decode", "header_size"]
@@ -66,16 +67,40 @@ def header_size(fp: Fingerprint, content_len: int = 0) -> int:
     return _FIXED.size + 2 * fp.hash_size + content_len + _CHECK.size
 
 
+_BYTES = (bytes, bytearray, memoryview)
+
+
+def _bytes_argument(name: str, value: object, optional: bool = False):
+    # Only byte strings: bytes(5) is five zero bytes and bytes([1, 2]) packs ints, so content
+    # given as a count or a token list would be stored as other bytes; in decode, a str or an int
+    # never equals the stored bytes, so every value would be refused (and the store deletes them).
+    if optional and value is None:
+        return value
+    if not isinstance(value, _BYTES):
+        raise InvalidArgument(name, f"expected bytes{' or None' if optional else ''}, got {type(value).__name__}")
+    return value
+
+
+def _buffer_argument(name: str, value: object) -> memoryview:
+    try:
+        return memoryview(value).cast("B")
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(name, f"expected a contiguous buffer: {exc}") from None
+
+
 def encode(fp: Fingerprint, block_hash: bytes, parent_hash: bytes, payload, content: bytes | None = None) -> bytes:
-    """Header + payload as one ``bytes`` (one copy of the payload). Refuses wrong sizes."""
+    """Header + payload as one ``bytes`` (one copy of the payload). Refuses wrong sizes and types
+    (``InvalidArgument`` naming the argument)."""
     size = fp.hash_size
-    if len(block_hash) != size or len(parent_hash) != size:
-        raise ValueError(f"block and parent hashes must be {size} bytes ({fp.hash_algorithm}), "
-                         f"got {len(block_hash)} and {len(parent_hash)}")
-    payload = memoryview(payload).cast("B")
+    for name, value in (("block_hash", block_hash), ("parent_hash", parent_hash)):
+        if len(_bytes_argument(name, value)) != size:
+            raise InvalidArgument(name, f"block and parent hashes must be {size} bytes ({fp.hash_algorithm}), "
+                                        f"got {len(value)}")
+    payload = _buffer_argument("payload", payload)
     if payload.nbytes != fp.block_bytes:
-        raise ValueError(f"payload is {payload.nbytes} bytes but a block under this fingerprint is {fp.block_bytes}")
-    content = b"" if content is None else bytes(content)
+        raise InvalidArgument("payload", f"payload is {payload.nbytes} bytes but a block under this fingerprint "
+                                         f"is {fp.block_bytes}")
+    content = b"" if _bytes_argument("content", content, optional=True) is None else bytes(content)
     fixed = _FIXED.pack(MAGIC, FORMAT_VERSION, _FLAG_CONTENT if content else 0, size, fp.dtype_bytes,
                         fp.digest, fp.layers, fp.block_size, fp.kv_heads, fp.head_dim, payload.nbytes,
                         _xxh3_128(payload), len(content))
@@ -88,9 +113,13 @@ def decode(value, fp: Fingerprint, block_hash: bytes, parent_hash: bytes,
     """The verified payload of ``value`` stored under ``block_hash``, or why it is refused.
 
     ``content`` is the block's token ids (+ extra keys) when the caller verifies;
-    None skips that check (the hash chain alone identifies the block).
+    None skips that check (the hash chain alone identifies the block). Arguments of the wrong
+    type raise ``InvalidArgument``: a caller's mistake is not a damaged value.
     """
-    view = memoryview(value).cast("B")
+    _bytes_argument("block_hash", block_hash)
+    _bytes_argument("parent_hash", parent_hash)
+    _bytes_argument("content", content, optional=True)
+    view = _buffer_argument("value", value)
     total = view.nbytes
     if total < _FIXED.size:
         return Reject.TRUNCATED
