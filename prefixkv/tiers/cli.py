@@ -18,15 +18,23 @@ import math
 import re
 
 _FINGERPRINT = re.compile(r"^[0-9a-f]{32}$")
+_URL_PASSWORD = re.compile(r"(://[^/@:]*:)[^/]*@")         # redis://user:secret@host (to the last @)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")     # unix:///path.sock?password=secret
 # Longer than any server answers a ping; past ~1e9 s the socket and thread waits overflow.
 MAX_TIMEOUT_S = 3600.0
 
 
 def _fingerprint_hex(text: str) -> str:
-    text = text.strip().lower()
-    if not _FINGERPRINT.match(text):
+    value = text.strip().lower()
+    if not _FINGERPRINT.match(value):
+        # what was typed, not its normalised form: ' Z' would otherwise read as 'z'
         raise argparse.ArgumentTypeError(f"a fingerprint is 32 hex digits, got {text!r}")
-    return text
+    return value
+
+
+def shown_url(url: str) -> str:
+    """``url`` with its password masked: what the commands print ends up in terminals and logs."""
+    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", url))
 
 
 def _timeout(text: str) -> float:
@@ -89,10 +97,11 @@ def _operator_store(url: str, timeout: float, prefix: str | None = None):
 def cmd_tier_stats(args: argparse.Namespace) -> int:
     with _operator_store(args.url, args.timeout) as store:
         nodes = store.server_stats()
+    url = shown_url(args.url)
     if args.json:
-        print(json.dumps({"url": args.url, "nodes": nodes}))
+        print(json.dumps({"url": url, "nodes": nodes}))
         return 0
-    print(f"prefixkv tier stats: {args.url} ({len(nodes)} node{'s' if len(nodes) != 1 else ''})")
+    print(f"prefixkv tier stats: {url} ({len(nodes)} node{'s' if len(nodes) != 1 else ''})")
     for n in nodes:
         limit = f"{n['maxmemory'] / 2**20:,.0f} MiB" if n["maxmemory"] else "no limit"
         looked = n["keyspace_hits"] + n["keyspace_misses"]
@@ -110,5 +119,5 @@ def cmd_tier_clear(args: argparse.Namespace) -> int:
     with _operator_store(args.url, args.timeout, args.prefix) as store:
         deleted = store.clear(args.fingerprint)
     which = f"fingerprint {args.fingerprint}" if args.fingerprint else "every fingerprint"
-    print(f"prefixkv tier clear: deleted {deleted:,} block(s) of {which} at {args.url}")
+    print(f"prefixkv tier clear: deleted {deleted:,} block(s) of {which} at {shown_url(args.url)}")
     return 0
