@@ -21,20 +21,67 @@ class TooLarge(ValueError):
     """A size whose bookkeeping cannot fit in this machine's memory."""
 
 
+# Where the kernel reports memory; module attributes so tests can point them at fixtures.
+MEMINFO = "/proc/meminfo"
+CGROUP_ROOT = "/sys/fs/cgroup"      # inside a container: the container's own cgroup
+# (limit, usage, memory.stat, inactive file cache's key) for cgroup v2, then v1
+_CGROUP_FILES = (("memory.max", "memory.current", "memory.stat", "inactive_file"),
+                 ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
+                  "total_inactive_file"))
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii") as f:
+        return f.read()
+
+
+def _cgroup_room() -> int | None:
+    """Bytes this process's memory cgroup can still take, or None without a limit. A container's
+    limit is what its OOM killer enforces, while MemAvailable reports the whole host's memory."""
+    for limit_file, usage_file, stat_file, inactive_key in _CGROUP_FILES:
+        try:
+            text = _read(os.path.join(CGROUP_ROOT, limit_file)).strip()
+            if text == "max":
+                return None
+            limit = int(text)
+            usage = int(_read(os.path.join(CGROUP_ROOT, usage_file)))
+        except (OSError, ValueError):
+            continue
+        if limit >= 1 << 60:            # v1 writes "no limit" as a page-rounded 2^63 - 1
+            return None
+        inactive = 0
+        try:
+            for line in _read(os.path.join(CGROUP_ROOT, stat_file)).splitlines():
+                key, _, value = line.partition(" ")
+                if key == inactive_key:
+                    inactive = int(value)
+        except (OSError, ValueError):
+            pass
+        # usage counts page cache the kernel reclaims before it kills anything (as docker stats does)
+        return max(limit - max(usage - inactive, 0), 0)
+    return None
+
+
 def available_bytes() -> int:
-    """Memory the kernel says can be allocated without swapping (``MemAvailable``), or the
-    physical memory where /proc is missing."""
+    """Memory that can be allocated without swapping or the OOM killer: the kernel's
+    ``MemAvailable`` (or the physical memory where /proc is missing), capped by what this
+    process's memory cgroup (a container's limit) has left."""
+    have = None
     try:
-        with open("/proc/meminfo", encoding="ascii") as f:
+        with open(MEMINFO, encoding="ascii") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    have = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, AttributeError):
-        return 1 << 62
+    if have is None:
+        try:
+            have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, AttributeError):
+            have = 1 << 62
+    room = _cgroup_room()
+    return have if room is None else min(have, room)
 
 
 def require(needed: int, what: str, *, fraction: float = 0.8) -> None:
