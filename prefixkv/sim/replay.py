@@ -31,19 +31,21 @@ others ignore them. A policy with ``predict(hint)`` is scored afterwards
 against the trace: ``return_auc`` (does the session send another request:
 area under the ROC curve of the predicted probability) and
 ``arrival_log_error`` (mean ``|ln((1 + predicted gap) / (1 + actual gap))|``,
-seconds, over the requests whose session does return), both over the measured
-requests; ``None`` for policies that predict nothing.
+seconds from the free to the session's next arrival, over the requests whose
+session does return), both over the measured requests; ``None`` for policies
+that predict nothing.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import numbers
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from ..errors import SequenceTooLong
+from ..errors import InvalidArgument, SequenceTooLong
 from ..manager import KVCacheManager
 from ..policies import SessionHint, make_policy
 
@@ -157,6 +159,12 @@ def _at(hint: SessionHint | None, when: float) -> SessionHint | None:
 
 def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
     """Area under the ROC curve (ties count half); None without both classes."""
+    if len(scores) != len(labels):
+        raise InvalidArgument("scores", f"{len(scores)} score(s) for {len(labels)} label(s)")
+    # A NaN compares false with everything: the sort would leave the ranks in no order at all.
+    for s in scores:
+        if isinstance(s, bool) or not isinstance(s, numbers.Real) or math.isnan(s):
+            raise InvalidArgument("scores", f"each must be a number, not NaN, got {s!r}")
     pos = sum(1 for y in labels if y)
     neg = len(labels) - pos
     if not pos or not neg:
@@ -175,25 +183,27 @@ def roc_auc(scores: Sequence[float], labels: Sequence[bool]) -> float | None:
 
 
 def _score_predictions(result: ReplayResult, requests: Sequence, forecasts: dict) -> None:
-    """Forecasts (request index -> (p_return, gap s)) against what the trace did next."""
+    """Forecasts (request index -> (p_return, gap s, time of the free)) against what the trace
+    did next. The gap is forecast from the free (the hint's time: the arrival in cache mode, the
+    finish in concurrent mode), so it is scored against the next arrival's distance from the free."""
     if not forecasts:
         return
-    following: dict[int, float] = {}
+    following: dict[int, float] = {}    # request -> its session's next arrival
     last: dict = {}
     for i in range(len(requests) - 1, -1, -1):
         session = requests[i].session
         if session is None:
             continue
         if session in last:
-            following[i] = requests[last[session]].timestamp - requests[i].timestamp
+            following[i] = requests[last[session]].timestamp
         last[session] = i
     scores, labels, errors = [], [], []
-    for i, (p, gap) in forecasts.items():
+    for i, (p, gap, freed) in forecasts.items():
         scores.append(p)
         came = i in following
         labels.append(came)
         if came:
-            errors.append(abs(math.log((1.0 + gap) / (1.0 + max(following[i], 0.0)))))
+            errors.append(abs(math.log((1.0 + gap) / (1.0 + max(following[i] - freed, 0.0)))))
     result.predictions = len(scores)
     result.return_auc = roc_auc(scores, labels)
     result.arrival_log_error = sum(errors) / len(errors) if errors else None
@@ -223,26 +233,29 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
     given, one the size of the largest request stages them). ``remote_bytes_per_s`` prices its
     reads and writes (``remote_transfer_s``)."""
     started = time.perf_counter()
-    if mode not in ("cache", "concurrent"):
-        raise ValueError(f"mode must be 'cache' or 'concurrent', got {mode!r}")
-    if not 0.0 <= warmup < 1.0:
-        raise ValueError(f"warmup must be in [0, 1), got {warmup}")
-    if capacity <= 0:
-        raise ValueError(f"capacity must be a positive number of blocks, got {capacity}")
-    name = policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
-    policy_obj = make_policy(policy) if isinstance(policy, str) else policy
-    block_size = trace.block_size
-    requests = trace.requests
-    if host_capacity < 0:
-        raise ValueError(f"host_capacity must be >= 0 blocks, got {host_capacity}")
+    # Everything is checked before the policy is made or bound: a policy object serves one pool,
+    # so a replay refused after building its manager would have used the caller's object up.
+    _check_arguments(mode, warmup, capacity, prefill_rate, decode_rate, host_capacity, remote_capacity,
+                     remote_bytes_per_s)
     if gate and transfer_cost is None:
         raise ValueError("the load gate needs a transfer_cost (a PreemptionCostModel)")
+    if remote_capacity and mode != "cache":
+        raise ValueError("a remote tier is modelled in cache mode only")
+    name = policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
+    policy_obj = make_policy(policy) if isinstance(policy, str) else policy
+    oracle = getattr(policy_obj, "set_next_use", None)
+    if name == "belady" and oracle is None:
+        raise ValueError("the belady policy needs set_next_use(hash, next_time)")
+    if oracle is not None and mode != "cache":
+        raise ValueError("belady needs the future in trace order; use mode='cache'")
+    if isinstance(host_policy, str) and (host_capacity or remote_capacity):
+        make_policy(host_policy)    # the manager binds the device policy before it reads this name
+    block_size = trace.block_size
+    requests = trace.requests
     remote = None
     if remote_capacity:
         from .remote_model import RemoteModel
 
-        if mode != "cache":
-            raise ValueError("a remote tier is modelled in cache mode only")
         remote = RemoteModel(remote_capacity)
         staging = max((-(-r.input_length // block_size) for r in requests), default=1)
         host_capacity = host_capacity or staging
@@ -250,9 +263,6 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
                          num_host_blocks=host_capacity, host_cache=bool(host_capacity), host_policy=host_policy,
                          host_inclusive=host_inclusive, load_gate=transfer_cost if gate else None,
                          index="dict")     # a trace's hashes are integer ids
-    oracle = getattr(policy_obj, "set_next_use", None)
-    if name == "belady" and oracle is None:
-        raise ValueError("the belady policy needs set_next_use(hash, next_time)")
     checked = getattr(trace, "checked_hashes", False)
     prompts = [_prompt_for(mgr, request, block_size, checked) for request in requests]
     next_uses = _next_uses(prompts) if oracle is not None else None
@@ -261,12 +271,10 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
     result.warmup_requests = int(len(requests) * warmup)
     hints = _hints(requests)
     predict = getattr(policy_obj, "predict", None)
-    forecasts: dict[int, tuple[float, float]] | None = {} if predict is not None else None
+    forecasts: dict[int, tuple[float, float, float]] | None = {} if predict is not None else None
     if mode == "cache":
         _replay_cache(mgr, requests, prompts, result, next_uses, oracle, hints, forecasts, remote)
     else:
-        if oracle is not None:
-            raise ValueError("belady needs the future in trace order; use mode='cache'")
         _replay_concurrent(mgr, requests, prompts, result, prefill_rate, decode_rate, hints, forecasts)
     mgr.check_invariants()
     if forecasts:
@@ -285,6 +293,38 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
             result.extra.update(remote_transfer_bytes=moved, remote_transfer_s=moved / remote_bytes_per_s)
     result.replay_s = time.perf_counter() - started
     return result
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_rate(value) -> bool:
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+            and value > 0)
+
+
+def _check_arguments(mode, warmup, capacity, prefill_rate, decode_rate, host_capacity, remote_capacity,
+                     remote_bytes_per_s) -> None:
+    if mode not in ("cache", "concurrent"):
+        raise InvalidArgument("mode", f"mode must be 'cache' or 'concurrent', got {mode!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, numbers.Real) or not 0.0 <= warmup < 1.0:
+        raise InvalidArgument("warmup", f"warmup must be in [0, 1), got {warmup!r}")
+    if not _is_count(capacity) or capacity <= 0:
+        raise InvalidArgument("capacity", f"capacity must be a positive number of blocks, got {capacity!r}")
+    if not _is_count(host_capacity) or host_capacity < 0:
+        raise InvalidArgument("host_capacity", f"host_capacity must be >= 0 blocks, got {host_capacity!r}")
+    # A remote model of NaN blocks never evicts (nothing is larger than NaN): it would grow without bound.
+    if not _is_count(remote_capacity) or remote_capacity < 0:
+        raise InvalidArgument("remote_capacity", f"must be >= 0 blocks (0: no remote tier), got {remote_capacity!r}")
+    # Rates divide token counts into seconds: 0 divides by zero, a negative or NaN one runs the
+    # concurrent replay's clock backwards or out of order.
+    for what, rate in (("prefill_rate", prefill_rate), ("decode_rate", decode_rate)):
+        if not _is_rate(rate):
+            raise InvalidArgument(what, f"must be a finite number of tokens per second > 0, got {rate!r}")
+    if remote_bytes_per_s is not None and not _is_rate(remote_bytes_per_s):
+        raise InvalidArgument("remote_bytes_per_s", f"must be None or a finite number of bytes per second > 0, "
+                                                    f"got {remote_bytes_per_s!r}")
 
 
 def _count_transfers(result: ReplayResult, mgr: KVCacheManager, cost) -> None:
@@ -331,7 +371,7 @@ def _free(mgr: KVCacheManager, i, hint: SessionHint | None, forecasts: dict | No
     if forecasts is not None and hint is not None and measured:
         forecast = mgr.pool.policy.predict(hint)
         if forecast is not None:
-            forecasts[i] = forecast
+            forecasts[i] = (forecast[0], forecast[1], hint.time)
 
 
 def _stage_remote(mgr: KVCacheManager, remote, prompt) -> int:
@@ -355,6 +395,7 @@ def _stage_remote(mgr: KVCacheManager, remote, prompt) -> int:
 def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, result: ReplayResult,
                   next_uses, oracle, hints: Sequence, forecasts: dict | None, remote=None) -> None:
     size = mgr.block_size
+    capacity = mgr.pool.num_blocks
     warm = result.warmup_requests
     at_warmup = None
     tiers = mgr.host is not None
@@ -370,7 +411,10 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
             _tell_oracle(oracle, prompt, next_uses[i])
         hint = _at(hints[i], request.timestamp)
         loads_before = mgr.counters["loads"] if tiers else 0
-        staged = _stage_remote(mgr, remote, prompt) if remote is not None else 0
+        # A request longer than the whole pool is never admitted: staging its chain would fetch
+        # bytes no hit uses and push host blocks out for them.
+        staged = _stage_remote(mgr, remote, prompt) \
+            if remote is not None and -(-prompt.num_tokens // size) <= capacity else 0
         try:
             hit_tokens = mgr.admit(i, prompt, compute_last_token=False)
         except SequenceTooLong:
