@@ -14,6 +14,11 @@ dropped; |T1| and |T2| count blocks in use too, while victims are taken only
 among candidates, each list's candidates kept in release order. Ghost lists
 are trimmed as in ARC: |T1| + |B1| <= c and all four lists <= 2c, with c the
 pool capacity. Every event is O(1).
+
+A duplicate block that takes over the hash of an evicted primary (the pool's
+promotion, right after ``evict``) is no ghost hit: the hash never left the
+cache and no request missed it, so ``p`` does not move and the residency goes
+on in the list the primary was in.
 """
 
 from __future__ import annotations
@@ -21,6 +26,16 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from .base import PolicyBase
+
+
+def takes_over(pool, block_hash) -> bool:
+    """Whether the ``on_cached`` in progress is an active duplicate taking over ``block_hash``
+    from a primary that was evicted (or forgotten) just now. The pool tells no event apart: it
+    calls ``on_cached`` for a promotion as for a publish, but it keeps the hash's list of
+    duplicates until that call returns, and a hash that is published fresh has none. A pool
+    without duplicate tracking (a test double) never promotes."""
+    duplicates = getattr(pool, "_duplicates", None)
+    return duplicates is not None and block_hash in duplicates
 
 
 class ARCPolicy(PolicyBase):
@@ -34,6 +49,9 @@ class ARCPolicy(PolicyBase):
         self._cands = (None, OrderedDict(), OrderedDict())  # per list: candidates, release order
         self._b1: OrderedDict = OrderedDict()               # ghost hashes, oldest first
         self._b2: OrderedDict = OrderedDict()
+        # (hash, list) of the latest victim until the next on_cached: what a duplicate taking
+        # the hash over resumes (the pool promotes it right after evict returns)
+        self._victim: tuple | None = None
 
     def bind(self, pool) -> None:
         super().bind(pool)
@@ -42,7 +60,13 @@ class ARCPolicy(PolicyBase):
     def on_cached(self, block: int) -> None:
         block_hash = self.pool.block_hash[block]
         b1, b2 = self._b1, self._b2
-        if block_hash in b1:
+        victim, self._victim = self._victim, None
+        if victim is not None and victim[0] == block_hash and takes_over(self.pool, block_hash):
+            which = victim[1]
+            # evict's ghost of this hash was the newest entry and its trim dropped nothing (each
+            # eviction moves one block from a list to its ghost list): undone exactly
+            (b1 if which == 1 else b2).pop(block_hash, None)
+        elif block_hash in b1:
             self.p = min(float(self.capacity), self.p + max(len(b2) / len(b1), 1.0))
             del b1[block_hash]
             which = 2
@@ -81,7 +105,9 @@ class ARCPolicy(PolicyBase):
             which, ghost = 2, self._b2
         del self._list[block]
         self._size[which] -= 1
-        ghost[self.pool.block_hash[block]] = None
+        block_hash = self.pool.block_hash[block]
+        ghost[block_hash] = None
+        self._victim = (block_hash, which)
         self._trim()
         return block
 
@@ -95,6 +121,7 @@ class ARCPolicy(PolicyBase):
 
     def clear(self) -> None:
         self.p = 0.0
+        self._victim = None
         self._list.clear()
         self._size = [0, 0, 0]
         self._cands[1].clear()

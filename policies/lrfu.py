@@ -56,6 +56,11 @@ orphan nothing. ``leaf_penalty=False`` turns it off.
 capacity); with ``step=0`` it stays there, which makes ``H`` a fixed number of
 releases. Learned estimates, ghosts and the reuse tracker describe hashes and
 the workload, not blocks: ``clear()`` keeps them.
+
+A duplicate block that takes over the hash of an evicted primary (the pool's
+promotion, right after ``evict``) is no access and no ghost hit: the hash never
+left the cache. It resumes the primary's score, and the ghost that eviction
+left (with any older ghost it pushed out) is taken back.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ from typing import Hashable
 
 from sortedcontainers import SortedList
 
+from .arc import takes_over
 from .base import PolicyBase
 
 _FLOOR = 1e-3  # reuse estimates are floored here for the log ratio (a leaf penalty of at most ~10 half-lives)
@@ -126,6 +132,9 @@ class LRFUPolicy(PolicyBase):
         # release of a hash supersedes its entry.
         self._released: deque = deque()
         self._open: dict[Hashable, tuple] = {}
+        # (hash, score, ghosts it pushed out) of the latest victim until the next on_cached: what a
+        # duplicate taking the hash over resumes
+        self._victim: tuple | None = None
         self._rescale()
 
     def bind(self, pool) -> None:
@@ -207,6 +216,15 @@ class LRFUPolicy(PolicyBase):
             kids[parent_hash] = kids.get(parent_hash, 0) + 1
             self._parent_of[block] = parent_hash
         ghosts = self._ghosts
+        victim, self._victim = self._victim, None
+        if victim is not None and victim[0] == block_hash and takes_over(self.pool, block_hash):
+            ghosts.pop(block_hash, None)
+            for entry in reversed(victim[2]):  # back where they were, the oldest
+                if entry[0] != block_hash:
+                    ghosts[entry[0]] = entry[1]
+                    ghosts.move_to_end(entry[0], last=False)
+            self._score[block] = victim[1]
+            return
         self._score[block] = bump(ghosts.pop(block_hash, None) if ghosts else None, self._tau)
         self._accessed(block_hash)
 
@@ -245,9 +263,14 @@ class LRFUPolicy(PolicyBase):
         del self._key[block]
         score = self._score.pop(block)
         ghosts = self._ghosts
-        ghosts[self._hashes[block]] = score
-        while len(ghosts) > self._ghost_limit:
-            ghosts.popitem(last=False)
+        block_hash = self._hashes[block]
+        ghosts[block_hash] = score
+        dropped = ()
+        if len(ghosts) > self._ghost_limit:
+            dropped = []
+            while len(ghosts) > self._ghost_limit:
+                dropped.append(ghosts.popitem(last=False))
+        self._victim = (block_hash, score, dropped)
         self._drop_kid(block)
         return block
 
@@ -266,6 +289,7 @@ class LRFUPolicy(PolicyBase):
         return 2.0 ** (self._score[block] - self._tau)
 
     def clear(self) -> None:
+        self._victim = None
         self._score.clear()
         self._key.clear()
         self._order.clear()

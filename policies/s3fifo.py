@@ -20,6 +20,11 @@ sorted map keyed by that entry ticket and a block in use keeps its place while
 it is held. Evictions are O(log n) amortised: each extra step of the loop is
 paid for by an earlier hit (a frequency unit) or an earlier insertion (an S to
 M move).
+
+A duplicate block that takes over the hash of an evicted primary (the pool's
+promotion, right after ``evict``) is not a hash coming back from G: the hash
+never left the cache. It resumes the primary's queue, place and frequency, and
+the ghost that eviction left is taken back.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from itertools import count
 
 from sortedcontainers import SortedDict
 
+from .arc import takes_over
 from .base import PolicyBase
 
 _SMALL, _MAIN = 0, 1
@@ -54,6 +60,9 @@ class S3FIFOPolicy(PolicyBase):
         self._size = [0, 0]                  # cached blocks per queue (active ones included)
         self._cands = (SortedDict(), SortedDict())  # per queue: ticket -> candidate block
         self._ghost: OrderedDict = OrderedDict()     # hashes evicted from S, oldest first
+        # the latest victim until the next on_cached, for a duplicate taking its hash over:
+        # (hash, queue, ticket, freq, whether it left a ghost, the ghost that made room or None)
+        self._victim: tuple | None = None
 
     def bind(self, pool) -> None:
         super().bind(pool)
@@ -68,14 +77,28 @@ class S3FIFOPolicy(PolicyBase):
 
     def on_cached(self, block: int) -> None:
         block_hash = self.pool.block_hash[block]
+        stale = self._queue.get(block)
+        if stale is not None:  # its last residency ended while in use (taken up a tier): no event said so
+            self._size[stale] -= 1
+        victim, self._victim = self._victim, None
+        if victim is not None and victim[0] == block_hash and takes_over(self.pool, block_hash):
+            _, queue, ticket, freq, ghosted, dropped = victim
+            if ghosted:
+                ghost = self._ghost
+                ghost.pop(block_hash, None)
+                if dropped is not None:  # back where it was, the oldest
+                    ghost[dropped] = None
+                    ghost.move_to_end(dropped, last=False)
+            self._queue[block] = queue
+            self._entered[block] = ticket
+            self._freq[block] = freq
+            self._size[queue] += 1
+            return
         if block_hash in self._ghost:
             del self._ghost[block_hash]
             queue = _MAIN
         else:
             queue = _SMALL
-        stale = self._queue.get(block)
-        if stale is not None:  # its last residency ended while in use (taken up a tier): no event said so
-            self._size[stale] -= 1
         self._enter(block, queue)
         self._freq[block] = 0
         self._size[queue] += 1
@@ -104,9 +127,10 @@ class S3FIFOPolicy(PolicyBase):
                     continue
                 size[_SMALL] -= 1
                 ghost = self._ghost
-                ghost[self.pool.block_hash[block]] = None
-                if len(ghost) > self._ghost_size:
-                    ghost.popitem(last=False)
+                block_hash = self.pool.block_hash[block]
+                ghost[block_hash] = None
+                dropped = ghost.popitem(last=False)[0] if len(ghost) > self._ghost_size else None
+                self._victim = (block_hash, _SMALL, self._entered[block], freq[block], True, dropped)
                 break
             _, block = main.popitem(0)
             if freq[block]:                                # second chance
@@ -114,11 +138,13 @@ class S3FIFOPolicy(PolicyBase):
                 main[self._enter(block, _MAIN)] = block
                 continue
             size[_MAIN] -= 1
+            self._victim = (self.pool.block_hash[block], _MAIN, self._entered[block], 0, False, None)
             break
         del self._queue[block], self._entered[block], freq[block]
         return block
 
     def clear(self) -> None:
+        self._victim = None
         self._queue.clear()
         self._entered.clear()
         self._freq.clear()

@@ -36,6 +36,11 @@ early and lost up to 12 points of hit rate to LRU (27.2% against 39.3% at
 8,785 blocks); at 0.1 the worst loss there is under one point, and the gain
 on the WEKA agentic sessions stays (55.96% against LRU's 53.55% at 3,390). Learned estimates survive ``clear()``: they
 describe the workload, not blocks.
+
+A duplicate block that takes over the hash of an evicted primary (the pool's
+promotion, right after ``evict``) is no reuse: the hash never left the cache
+and no request asked for it, so its ghost is dropped unscored (the primary's
+release experiment is simply not counted).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from typing import Hashable
 
 from sortedcontainers import SortedDict
 
+from .arc import takes_over
 from .base import PolicyBase
 
 _CLAMP = 1e-6  # estimates are kept inside [_CLAMP, 1 - _CLAMP] for the log-odds
@@ -79,6 +85,7 @@ class WorkloadPolicy(PolicyBase):
         self._order: SortedDict = SortedDict()         # (rank of oldest, its ticket) -> class
         self._num_candidates = 0
         self._ghost: OrderedDict = OrderedDict()       # evicted hash -> (class, release ticket)
+        self._victim = None                            # the latest victim's hash, until the next on_cached
 
     def bind(self, pool) -> None:
         super().bind(pool)
@@ -138,10 +145,11 @@ class WorkloadPolicy(PolicyBase):
         cls = (root, pool.depth[block].bit_length()) if self.by_depth else root
         self._class[block] = cls
         self._set_estimate(cls, self.estimates.get(cls, self.mean))
+        victim, self._victim = self._victim, None
         if self._ghost:
             ghost = self._ghost.pop(block_hash, None)
-            if ghost is not None:  # evicted, and needed again within the window
-                self._learn(ghost[0], 1.0)
+            if ghost is not None and not (victim == block_hash and takes_over(pool, block_hash)):
+                self._learn(ghost[0], 1.0)  # evicted, and needed again within the window
 
     def on_released(self, block: int) -> None:
         cls = self._class[block]
@@ -166,7 +174,8 @@ class WorkloadPolicy(PolicyBase):
         block, ticket = self._waiting[cls].popitem(last=False)
         self._num_candidates -= 1
         ghost = self._ghost
-        ghost[self.pool.block_hash[block]] = (cls, ticket)
+        block_hash = self._victim = self.pool.block_hash[block]
+        ghost[block_hash] = (cls, ticket)
         horizon = self._now - self._window_ticks
         touched = None
         while ghost:  # forget (and count as not reused) what left the window
@@ -194,6 +203,7 @@ class WorkloadPolicy(PolicyBase):
         return self.estimates.get(self._class[block], self.mean)
 
     def clear(self) -> None:
+        self._victim = None
         self._root.clear()
         self._class.clear()
         self._waiting.clear()
