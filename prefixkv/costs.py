@@ -28,8 +28,11 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
+from numbers import Real
 from pathlib import Path
 from typing import Literal
+
+from .errors import InvalidArgument
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
@@ -52,14 +55,14 @@ class PreemptionCostModel:
     mode: Literal["auto", "recompute", "swap"] = "auto"
 
     def __post_init__(self) -> None:
-        if not self.prefill_tokens_per_s > 0:
-            raise ValueError(f"prefill_tokens_per_s must be > 0, got {self.prefill_tokens_per_s}")
-        if not self.link_bytes_per_s > 0:
-            raise ValueError(f"link_bytes_per_s must be > 0, got {self.link_bytes_per_s}")
-        if self.kv_bytes_per_token <= 0:
-            raise ValueError(f"kv_bytes_per_token must be > 0, got {self.kv_bytes_per_token}")
+        # Finite numbers only: a NaN rate or size makes every comparison in choose() false (swap
+        # is then never chosen, silently), an infinite one makes recompute or the link free.
+        for name in ("prefill_tokens_per_s", "link_bytes_per_s", "kv_bytes_per_token"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Real) or not (_finite(value) and value > 0):
+                raise InvalidArgument(name, f"{name} must be a finite number > 0, got {value!r}")
         if self.mode not in ("auto", "recompute", "swap"):
-            raise ValueError(f"mode must be auto, recompute or swap, got {self.mode!r}")
+            raise InvalidArgument("mode", f"mode must be auto, recompute or swap, got {self.mode!r}")
 
     @classmethod
     def for_spec(cls, spec, **kwargs) -> "PreemptionCostModel":

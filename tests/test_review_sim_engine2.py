@@ -126,3 +126,108 @@ def test_a_request_too_long_for_the_cache_fetches_nothing_from_the_remote_tier()
     assert result.oversized_requests == 1
     assert result.extra["remote_fetches"] == 0
     assert result.remote_block_hits == 0
+
+
+def test_an_unknown_host_policy_is_refused_before_the_device_policy_is_bound():
+    policy = make_policy("lru")
+    with pytest.raises(ValueError, match="bogus"):
+        replay(_two_turns(), policy, 64, host_capacity=4, host_policy="bogus")
+    assert replay(_two_turns(), policy, 64).block_hits == 2
+
+
+# -- the remote tier's model ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, 2.5, True, 0, -1, "8", None])
+def test_remote_model_refuses_a_capacity_that_is_not_a_positive_count(bad):
+    from prefixkv.sim.remote_model import RemoteModel
+
+    with pytest.raises(InvalidArgument, match="capacity"):
+        RemoteModel(bad)
+
+
+def test_remote_model_holds_at_most_its_capacity():
+    from prefixkv.sim.remote_model import RemoteModel
+
+    model = RemoteModel(3)
+    model.write(range(10))
+    assert model.leading([7, 8, 9], 0) == 3 and model.leading([6], 0) == 0
+    assert (model.written, model.evictions) == (10, 7)
+
+
+# -- the slot store ------------------------------------------------------------------------------
+
+def test_slot_store_copies_nothing_when_one_copy_of_the_batch_is_outside_the_store():
+    # The copies ran one by one: a bad pair after good ones left the good ones applied.
+    from prefixkv.sim.slotstore import SlotStore
+
+    store = SlotStore(4, 2)
+    store.write(np.arange(8), range(8))
+    before = store.slots.copy()
+    with pytest.raises(IndexError, match="block 9"):
+        store.copy_blocks([(0, 1), (2, 9)])
+    assert np.array_equal(store.slots, before)
+
+
+def test_slot_store_copies_run_in_order():
+    from prefixkv.sim.slotstore import SlotStore
+
+    store = SlotStore(3, 2)
+    store.write(np.arange(6), range(6))
+    store.copy_blocks([(0, 1), (1, 2)])        # block 2 gets block 0's tokens, through block 1
+    assert store.slots.tolist() == [[0, 1], [0, 1], [0, 1]]
+
+
+@pytest.mark.parametrize("num_blocks, block_size, argument", [
+    (-1, 4, "num_blocks"), (4, 0, "block_size"), (2.5, 4, "num_blocks"), (4, True, "block_size"),
+    (4, "4", "block_size")])
+def test_slot_store_refuses_a_shape_that_is_not_a_count(num_blocks, block_size, argument):
+    from prefixkv.sim.slotstore import SlotStore
+
+    with pytest.raises(InvalidArgument) as info:
+        SlotStore(num_blocks, block_size)
+    assert info.value.argument == argument
+
+
+# -- the lab -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("block_size", [16.0, "16", None, 1, True])
+def test_lab_names_a_bad_block_size(block_size):
+    # 16.0 was refused as "num_blocks: must be an int, got float 1.0", a name the caller never gave.
+    from prefixkv.sim.lab import run_lab
+
+    with pytest.raises(InvalidArgument) as info:
+        run_lab(block_size, [3])
+    assert info.value.argument == "block_size"
+
+
+# -- the cost model ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field, bad", [
+    ("kv_bytes_per_token", math.nan),        # every swap compared false: never chosen, silently
+    ("kv_bytes_per_token", math.inf),
+    ("kv_bytes_per_token", True),
+    ("kv_bytes_per_token", "128"),           # TypeError: '<=' not supported
+    ("prefill_tokens_per_s", math.inf),      # recompute always free
+    ("prefill_tokens_per_s", math.nan),
+    ("link_bytes_per_s", math.inf),
+    ("link_bytes_per_s", "fast"),
+    ("mode", None),
+])
+def test_preemption_cost_model_refuses_what_it_cannot_price(field, bad):
+    from prefixkv.costs import PreemptionCostModel
+
+    with pytest.raises(InvalidArgument) as info:
+        PreemptionCostModel(**{field: bad})
+    assert info.value.argument == field
+
+
+def test_preemption_cost_model_prices_a_swap_in_bytes_over_the_link():
+    from prefixkv.costs import GiB, KiB, PreemptionCostModel
+
+    model = PreemptionCostModel()
+    # 500 MiB out and back at 25 GiB/s, against 4,000 tokens at 20,000 tokens/s
+    blocks = 500 * 2**20 // (16 * 128 * KiB)
+    choice = model.choose(tokens=4000, blocks=blocks, block_size=16, host_blocks_free=blocks)
+    assert choice.swap_s == pytest.approx(2 * 500 / (25 * 1024))
+    assert choice.recompute_s == pytest.approx(0.2) and choice.mode == "swap"
+    assert model.link_bytes_per_s == 25 * GiB

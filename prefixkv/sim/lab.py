@@ -7,8 +7,9 @@ pool, each printed as PASS or FAIL with what was observed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral
 
-from ..errors import InvariantViolation, OutOfBlocks
+from ..errors import InvalidArgument, InvariantViolation, OutOfBlocks
 from ..manager import KVCacheManager
 from ..sizing import tail_waste
 from .slotstore import SlotStore
@@ -103,13 +104,15 @@ def check_leak_detected(block_size: int) -> Check:
 
 
 def run_lab(block_size: int, lengths: list[int]) -> tuple[dict, list[Check]]:
-    if block_size < 2:
-        raise ValueError("the lab needs block_size >= 2 (a partly filled tail must exist)")
-    mgr = KVCacheManager(num_blocks=sum(-(-n // block_size) for n in lengths) or 1,
-                         block_size=block_size, hash_seed=0)
+    if isinstance(block_size, bool) or not isinstance(block_size, Integral) or block_size < 2:
+        raise InvalidArgument("block_size", f"the lab needs an integer block_size >= 2 (a partly filled "
+                                            f"tail must exist), got {block_size!r}")
+    if not isinstance(lengths, (str, bytes)) and hasattr(lengths, "__iter__"):
+        lengths = list(lengths)    # (a generator: read once, used twice)
+    table = tail_waste(lengths, block_size)     # checks every length before any is admitted
+    mgr = KVCacheManager(num_blocks=table["blocks"] or 1, block_size=block_size, hash_seed=0)
     for i, n in enumerate(lengths):    # distinct tokens: nothing is shared
         mgr.admit(i, [i * 100_000 + t for t in range(n)])
-    table = tail_waste(lengths, block_size)
     measured = mgr.stats()
     agrees = measured.active_blocks == table["blocks"] and measured.tail_waste_slots == table["tail_waste"]
     checks = [Check("the manager's own block and tail-waste counts agree with the table", agrees,

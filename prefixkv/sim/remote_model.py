@@ -12,13 +12,17 @@ both count as uses.
 from __future__ import annotations
 
 from collections import OrderedDict
+from numbers import Integral
 from typing import Hashable, Sequence
+
+from ..errors import InvalidArgument
 
 
 class RemoteModel:
     def __init__(self, capacity: int) -> None:
-        if capacity <= 0:
-            raise ValueError(f"remote capacity must be a positive number of blocks, got {capacity}")
+        # A NaN capacity compares false with every size: the model would never evict.
+        if isinstance(capacity, bool) or not isinstance(capacity, Integral) or capacity <= 0:
+            raise InvalidArgument("capacity", f"remote capacity must be a positive number of blocks, got {capacity!r}")
         self.capacity = capacity
         self._blocks: OrderedDict[Hashable, None] = OrderedDict()
         self.fetched = 0          # blocks read into the host tier

@@ -8,9 +8,12 @@ prefix hits keep every sequence's history intact without torch.
 
 from __future__ import annotations
 
+from numbers import Integral
 from typing import Iterable
 
 import numpy as np
+
+from ..errors import InvalidArgument
 
 UNWRITTEN = -1
 
@@ -22,6 +25,9 @@ class SlotStore:
     blocks of its table."""
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
+        for name, value, least in (("num_blocks", num_blocks, 0), ("block_size", block_size, 1)):
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < least:
+                raise InvalidArgument(name, f"must be an integer >= {least}, got {value!r}")
         self.block_size = block_size
         self.slots = np.full((num_blocks, block_size), UNWRITTEN, dtype=np.int64)
 
@@ -40,9 +46,11 @@ class SlotStore:
         flat[mapping] = data
 
     def copy_blocks(self, copies: Iterable[tuple[int, int]]) -> None:
-        n = self.slots.shape[0]
-        for src, dst in copies:
-            self._in_range(np.asarray([src, dst], dtype=np.int64), n, "block")
+        """Run the copies in order (a later one may read an earlier one's destination); a batch
+        with any pair outside the store copies nothing."""
+        pairs = [(src, dst) for src, dst in copies]
+        self._in_range(np.asarray(pairs, dtype=np.int64).reshape(-1), self.slots.shape[0], "block")
+        for src, dst in pairs:
             self.slots[dst] = self.slots[src]
 
     def gather(self, block_table: Iterable[int], length: int) -> np.ndarray:
