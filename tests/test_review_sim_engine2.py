@@ -231,3 +231,23 @@ def test_preemption_cost_model_prices_a_swap_in_bytes_over_the_link():
     assert choice.swap_s == pytest.approx(2 * 500 / (25 * 1024))
     assert choice.recompute_s == pytest.approx(0.2) and choice.mode == "swap"
     assert model.link_bytes_per_s == 25 * GiB
+
+
+# -- sampling ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1e-310])
+def test_a_positive_infinite_logit_is_drawn_instead_of_failing_the_step(temperature):
+    # A half-precision overflow gives a +inf logit: greedy takes it, but a temperature draw put
+    # NaN into softmax and multinomial raised inside the step, failing every request of it.
+    torch = pytest.importorskip("torch")
+    from prefixkv.engine.request import SamplingParams
+    from prefixkv.engine.sampling import sample
+
+    one = torch.tensor([1.0, math.inf, 2.0, -math.inf], dtype=torch.float16)
+    two = torch.tensor([math.inf, 0.0, math.inf, 5.0])
+    drawn = set()
+    for i in range(16):
+        params = SamplingParams(temperature=temperature, seed=i)
+        assert sample(one, params, i) == 1
+        drawn.add(sample(two, params, i))
+    assert drawn == {0, 2}

@@ -30,6 +30,11 @@ def sample(logits: torch.Tensor, params: SamplingParams, output_index: int) -> i
         return int(torch.argmax(logits))
     gen = torch.Generator(device="cpu").manual_seed(_seed(0 if params.seed is None else params.seed, output_index))
     logits = logits.detach().to("cpu", torch.float64)
+    certain = torch.isposinf(logits)
+    if certain.any():
+        # A +inf logit (a half-precision overflow) outweighs every finite one at any temperature:
+        # the draw is uniform over the +inf entries (softmax would give NaN and fail the step).
+        return int(torch.multinomial(certain.to(torch.float64), 1, generator=gen))
     scaled = logits / params.temperature
     finite = torch.isfinite(logits)
     if not torch.isfinite(scaled[finite]).all():
