@@ -35,14 +35,16 @@ from typing import Hashable
 from sortedcontainers import SortedList
 
 from .base import PolicyBase
+from .check import number_option
 
 
 class GDSFPolicy(PolicyBase):
     name = "gdsf"
 
     def __init__(self, depth_cost: float | None = None, orphan_factor: float = 0.0, inherit: bool = True) -> None:
-        if (depth_cost is not None and depth_cost < 0) or not 0.0 <= orphan_factor <= 1.0:
-            raise ValueError("need depth_cost >= 0 and 0 <= orphan_factor <= 1")
+        if depth_cost is not None:
+            number_option("depth_cost", depth_cost, low=0.0)
+        number_option("orphan_factor", orphan_factor, low=0.0, high=1.0)
         self._depth_cost_option = depth_cost
         self.depth_cost = 0.0 if depth_cost is None else depth_cost
         self.orphan_factor = orphan_factor

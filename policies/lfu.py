@@ -20,10 +20,13 @@ cache), at least 16.
 
 from __future__ import annotations
 
+import numbers
 from itertools import count
 from math import ldexp
 
 from sortedcontainers import SortedDict
+
+from prefixkv.errors import InvalidArgument
 
 from .base import PolicyBase
 
@@ -32,8 +35,9 @@ class LFUPolicy(PolicyBase):
     name = "lfu"
 
     def __init__(self, half_life: int | None = None) -> None:
-        if half_life is not None and (type(half_life) is not int or half_life <= 0):
-            raise ValueError(f"half_life must be a positive int (accesses), got {half_life!r}")
+        if half_life is not None and (isinstance(half_life, bool) or not isinstance(half_life, numbers.Integral)
+                                      or half_life <= 0):
+            raise InvalidArgument("half_life", f"must be a positive int (accesses), got {half_life!r}")
         self._half_life_option = half_life
         self.half_life = half_life or 1024
         self._accesses = 0

@@ -27,10 +27,14 @@ timestamp); by default it counts policy events.
 
 from __future__ import annotations
 
+import math
+import numbers
 from itertools import count
 from typing import Any, Callable, Hashable
 
 from sortedcontainers import SortedDict
+
+from prefixkv.errors import InvalidArgument
 
 from .base import EvictionPolicy, PolicyBase
 
@@ -40,6 +44,12 @@ INF = float("inf")
 class PriorityPolicy(PolicyBase):
     def __init__(self, inner: EvictionPolicy, *, min_priority: int | None = None,
                  clock: Callable[[], float] | None = None) -> None:
+        if min_priority is not None and (isinstance(min_priority, bool) or not isinstance(min_priority, numbers.Integral)):
+            # compared with the pool's int priorities at every release: a str raised TypeError mid-release
+            raise InvalidArgument("min_priority", f"must be an int or None, got {type(min_priority).__name__} "
+                                                  f"{min_priority!r}")
+        if clock is not None and not callable(clock):
+            raise InvalidArgument("clock", f"must be a callable returning the time, got {clock!r}")
         self.inner = inner
         self.name = f"priority+{inner.name}"
         self.min_priority = min_priority
@@ -65,7 +75,13 @@ class PriorityPolicy(PolicyBase):
     def pin(self, block_hash: Hashable, *, until: float | None = None, ttl: float | None = None) -> None:
         """Protect ``block_hash`` until ``until`` (or for ``ttl``; default: for good)."""
         if until is not None and ttl is not None:
-            raise ValueError("give until or ttl, not both")
+            raise InvalidArgument("ttl", "give until or ttl, not both")
+        for name, value in (("until", until), ("ttl", ttl)):
+            # a NaN deadline compares false with everything: as a key it broke the deadline order,
+            # and the pin never expired
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
+                                      or math.isnan(value)):
+                raise InvalidArgument(name, f"must be a number of seconds (inf: for good), got {value!r}")
         if self._pin_deadlines:
             self._prune_pins()
         until = INF if until is None and ttl is None else (until if until is not None else self.now() + ttl)

@@ -36,6 +36,7 @@ from sortedcontainers import SortedDict
 
 from .arc import takes_over
 from .base import PolicyBase
+from .check import number_option
 
 _SMALL, _MAIN = 0, 1
 
@@ -44,10 +45,9 @@ class S3FIFOPolicy(PolicyBase):
     name = "s3fifo"
 
     def __init__(self, small_fraction: float = 0.1, move_threshold: int = 1, max_freq: int = 3) -> None:
-        if not 0.0 < small_fraction < 1.0:
-            raise ValueError(f"small_fraction must be in (0, 1), got {small_fraction}")
-        if move_threshold < 1 or max_freq < move_threshold:
-            raise ValueError("need 1 <= move_threshold <= max_freq")
+        number_option("small_fraction", small_fraction, low=0.0, high=1.0, low_open=True, high_open=True)
+        number_option("move_threshold", move_threshold, low=1, integer=True)
+        number_option("max_freq", max_freq, low=move_threshold, integer=True)
         self.small_fraction = small_fraction
         self.move_threshold = move_threshold
         self.max_freq = max_freq

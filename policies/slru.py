@@ -22,16 +22,16 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from .base import PolicyBase
+from .check import number_option
 
 
 class SLRUPolicy(PolicyBase):
     name = "slru"
 
     def __init__(self, protected_fraction: float = 0.5, protected_size: int | None = None) -> None:
-        if not 0.0 <= protected_fraction <= 1.0:
-            raise ValueError(f"protected_fraction must be in [0, 1], got {protected_fraction}")
-        if protected_size is not None and protected_size < 0:
-            raise ValueError(f"protected_size must be >= 0, got {protected_size}")
+        number_option("protected_fraction", protected_fraction, low=0.0, high=1.0)
+        if protected_size is not None:
+            number_option("protected_size", protected_size, low=0, integer=True)
         self.protected_fraction = protected_fraction
         self.protected_size = protected_size
         self._limit = protected_size if protected_size is not None else 1 << 62

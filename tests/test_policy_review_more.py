@@ -147,3 +147,72 @@ def test_workload_immediate_return_is_still_reuse():
     mean = policy.mean
     _return_at_once(policy)
     assert policy.mean > mean and policy.estimates[H] > mean
+
+
+# -- options ------------------------------------------------------------------------------------------------
+# A NaN passes every ``if x <= 0: raise`` check, and an infinity passed most: both were taken, then broke the
+# policy mid-run (lrfu: OverflowError from int(inf) at construction, escaping make_policy's ValueError
+# wrapper; workload / gdsf: NaN or -inf sort keys, then "not in list" inside evict, reported as PolicyError
+# after evictions had begun). Fractional counts and strings were taken as well.
+@pytest.mark.parametrize("name,options,argument", [
+    ("lrfu", {"half_life": float("inf")}, "half_life"),
+    ("lrfu", {"ghost": float("inf")}, "ghost"),
+    ("lrfu", {"step": float("nan")}, "step"),
+    ("lrfu", {"step": 50.0}, "step"),
+    ("lrfu", {"reuse_distance": float("inf")}, "reuse_distance"),
+    ("workload", {"horizon": float("inf")}, "horizon"),
+    ("workload", {"horizon": float("nan")}, "horizon"),
+    ("workload", {"window": float("nan")}, "window"),
+    ("gdsf", {"depth_cost": float("nan")}, "depth_cost"),
+    ("gdsf", {"depth_cost": float("inf")}, "depth_cost"),
+    ("s3fifo", {"move_threshold": 1.5}, "move_threshold"),
+    ("s3fifo", {"max_freq": "3"}, "max_freq"),
+    ("s3fifo", {"small_fraction": 0.0}, "small_fraction"),
+    ("slru", {"protected_size": 2.5}, "protected_size"),
+    ("slru", {"protected_fraction": float("nan")}, "protected_fraction"),
+    ("lfu", {"half_life": True}, "half_life"),
+])
+def test_bad_policy_options_are_refused_naming_them(name, options, argument):
+    from prefixkv.errors import InvalidArgument
+    from prefixkv.policies import make_policy
+
+    with pytest.raises(InvalidArgument) as info:
+        make_policy(name, **options)
+    assert info.value.argument == argument
+
+
+def test_lrfu_huge_half_life_from_a_spec_is_refused_as_a_value_error():
+    from prefixkv.policies import make_policy
+
+    # "1e999" is a float literal: inf. It raised OverflowError, which the spec's ValueError wrapper let out.
+    with pytest.raises(ValueError, match="half_life"):
+        make_policy("lrfu:half_life=1e999")
+
+
+def test_numpy_and_plain_numbers_are_still_taken():
+    import numpy as np
+    from prefixkv.policies import make_policy
+
+    assert make_policy("s3fifo", move_threshold=np.int64(2), max_freq=3).move_threshold == 2
+    assert make_policy("slru", protected_size=np.int32(3)).protected_size == 3
+    assert make_policy("lfu", half_life=np.int64(8)).half_life == 8
+    assert make_policy("gdsf", depth_cost=0).depth_cost == 0
+    assert make_policy("workload", horizon=1, window=np.float64(0.5)).window == 0.5
+
+
+def test_priority_refuses_a_nan_deadline_and_a_non_int_min_priority():
+    from prefixkv.errors import InvalidArgument
+    from prefixkv.policies import LRUPolicy, PriorityPolicy
+
+    with pytest.raises(InvalidArgument) as info:
+        PriorityPolicy(LRUPolicy(), min_priority="2")
+    assert info.value.argument == "min_priority"
+    policy = PriorityPolicy(LRUPolicy())
+    BlockPool(4, 4, policy)
+    before = policy.snapshot()
+    for kwargs in ({"ttl": float("nan")}, {"until": float("nan")}, {"until": "soon"}, {"ttl": 1.0, "until": 2.0}):
+        with pytest.raises(InvalidArgument):
+            policy.pin(H, **kwargs)
+        assert policy.snapshot() == before and not policy.is_pinned(H)
+    policy.pin(H, until=float("inf"))            # for good, as pin(H)
+    assert policy.is_pinned(H)
