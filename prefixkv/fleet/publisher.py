@@ -20,6 +20,8 @@ on the network.
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 import threading
 import time
@@ -29,21 +31,82 @@ from typing import Iterable, Mapping, Sequence
 
 import zmq
 
+from ..errors import InvalidArgument
 from . import wire
 
+MAX_POLL_S = 1.0    # the socket thread's longest wait: ZMQ's poll timeout is a C long of milliseconds
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _hashing_of(manager) -> tuple[int, int | None]:
+    """(block size, hash seed) a manager hashes with, as a heartbeat states them: an unpinned
+    seed is random per process, so no other process can match it (None)."""
+    try:
+        block_size = manager.block_size
+        seed = manager.hasher.seed if manager.hash_seed_pinned else None
+    except AttributeError as exc:
+        raise InvalidArgument("manager", f"expected a KVCacheManager, got {type(manager).__name__} "
+                                         f"({exc})") from None
+    return block_size, seed
+
+
 class KVEventPublisher:
-    def __init__(self, worker_id: str, *, block_size: int, endpoint: str = "tcp://127.0.0.1:0",
-                 replay_endpoint: str = "tcp://127.0.0.1:0", heartbeat_endpoint: str = "tcp://127.0.0.1:0",
-                 topic: str = "", fingerprint: str = "", hash_seed: int | None = None,
-                 heartbeat_interval_s: float = 0.5, buffer_steps: int = 10_000, data_parallel_rank: int = 0) -> None:
-        if not heartbeat_interval_s > 0:
-            raise ValueError(f"heartbeat_interval_s must be > 0, got {heartbeat_interval_s}")
+    """A worker's KV events, replay socket and heartbeats (see the module's docstring).
+
+    ``manager``: the ``KVCacheManager`` whose events this publishes; its block size and hash
+    seed are what the heartbeats announce (``block_size`` / ``hash_seed`` then need not be
+    given, and are refused if they differ). Without it, ``block_size`` is required.
+    """
+
+    def __init__(self, worker_id: str, *, block_size: int | None = None, manager=None,
+                 endpoint: str = "tcp://127.0.0.1:0", replay_endpoint: str = "tcp://127.0.0.1:0",
+                 heartbeat_endpoint: str = "tcp://127.0.0.1:0", topic: str = "", fingerprint: str = "",
+                 hash_seed: int | None = None, heartbeat_interval_s: float = 0.5, buffer_steps: int = 10_000,
+                 data_parallel_rank: int = 0) -> None:
+        # Every argument is checked before the socket thread starts: what the heartbeat cannot
+        # encode (or a router cannot decode) would kill the thread or every router's poll() later.
+        if manager is not None:
+            own_size, own_seed = _hashing_of(manager)
+            if block_size is not None and block_size != own_size:
+                raise InvalidArgument("block_size", f"{block_size!r} differs from the manager's {own_size}")
+            if hash_seed is not None and hash_seed != own_seed:
+                raise InvalidArgument("hash_seed", f"{hash_seed!r} differs from the manager's {own_seed!r}: "
+                                                   "routers would hash its prompts unlike its events")
+            block_size, hash_seed = own_size, own_seed
+        elif block_size is None:
+            raise InvalidArgument("block_size", "required without a manager (or pass manager=)")
+        for name, value in (("worker_id", worker_id), ("topic", topic), ("fingerprint", fingerprint)):
+            if not isinstance(value, str):
+                raise InvalidArgument(name, f"must be a str, got {type(value).__name__} {value!r}")
+        for name, value, low, bound in (("block_size", block_size, 1, "positive"),
+                                        ("buffer_steps", buffer_steps, 1, ">= 1"),
+                                        ("data_parallel_rank", data_parallel_rank, 0, ">= 0")):
+            if not _is_int(value):
+                raise InvalidArgument(name, f"must be an int, got {type(value).__name__} {value!r}")
+            if value < low:
+                raise InvalidArgument(name, f"must be {bound}, got {value}")
+        if hash_seed is not None:
+            if not _is_int(hash_seed):
+                raise InvalidArgument("hash_seed", f"must be an int or None, got {type(hash_seed).__name__} "
+                                                   f"{hash_seed!r}")
+            if not -2**63 <= hash_seed < 2**64:
+                raise InvalidArgument("hash_seed", f"{hash_seed} does not fit a heartbeat (msgpack's 64-bit "
+                                                   "integers, -2**63 to 2**64 - 1)")
+        if isinstance(heartbeat_interval_s, bool) or not isinstance(heartbeat_interval_s, numbers.Real):
+            raise InvalidArgument("heartbeat_interval_s", f"must be a number of seconds, got "
+                                                          f"{heartbeat_interval_s!r}")
+        if not (math.isfinite(heartbeat_interval_s) and heartbeat_interval_s > 0):
+            raise InvalidArgument("heartbeat_interval_s", f"must be a finite number > 0, got "
+                                                          f"{heartbeat_interval_s!r}")
         self.worker_id = worker_id
         self.block_size = block_size
         self.topic = topic.encode("utf-8")
         self.fingerprint = fingerprint
         self.hash_seed = hash_seed
-        self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_interval_s = float(heartbeat_interval_s)
         self.incarnation = uuid.uuid4().hex     # new on every start: routers forget what the last one held
         self.data_parallel_rank = data_parallel_rank
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
@@ -91,6 +154,13 @@ class KVEventPublisher:
     def publish_from(self, manager, *, prompts: Sequence = (), drop: bool = False) -> None:
         """Drain ``manager``'s events (``record_events=True``) and publish them; the token ids
         of blocks from ``prompts`` (token prompts admitted since the last call) go along."""
+        block_size, seed = _hashing_of(manager)
+        if (block_size, seed) != (self.block_size, self.hash_seed):
+            # checked before draining: a refused call leaves the manager's events for a right one
+            raise InvalidArgument("manager", f"hashes blocks of {block_size} tokens with hash seed {seed!r}, but "
+                                             f"publisher {self.worker_id!r} announces block size {self.block_size} "
+                                             f"and hash seed {self.hash_seed!r}: routers would hash its prompts "
+                                             "unlike its events (make the publisher with manager=)")
         tokens: dict = {}
         for prompt in prompts:
             tokens.update(wire.block_tokens(prompt))
@@ -104,9 +174,9 @@ class KVEventPublisher:
             try:
                 number = operator.index(value)
             except TypeError:
-                raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
+                raise InvalidArgument(name, f"must be an integer, got {value!r} ({type(value).__name__})") from None
             if number < 0:
-                raise ValueError(f"{name} must be >= 0, got {number}")
+                raise InvalidArgument(name, f"must be >= 0, got {number}")
             load.append(number)
         self._load = tuple(load)   # one assignment: the socket thread reads it whole
 
@@ -177,7 +247,8 @@ class KVEventPublisher:
                 if now >= next_beat:
                     beat.send_multipart([wire.HEARTBEAT_TOPIC, wire.encode(self._heartbeat())])
                     next_beat = now + self.heartbeat_interval_s
-                ready = dict(poller.poll(max(1, int(1000 * (next_beat - time.monotonic())))))
+                wait_s = min(next_beat - time.monotonic(), MAX_POLL_S)
+                ready = dict(poller.poll(max(1, int(1000 * wait_s))))
                 if inbox in ready:
                     kind, batch, drop = inbox.recv_pyobj()
                     if kind == "stop":

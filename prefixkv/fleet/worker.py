@@ -32,10 +32,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument(f"--{name}", default="tcp://127.0.0.1:0")
     args = p.parse_args(argv)
     mgr = KVCacheManager(args.num_blocks, args.block_size, hash_seed=args.hash_seed, record_events=True)
-    pub = KVEventPublisher(args.worker_id, block_size=args.block_size, endpoint=args.endpoint,
+    pub = KVEventPublisher(args.worker_id, manager=mgr, endpoint=args.endpoint,
                            replay_endpoint=args.replay_endpoint, heartbeat_endpoint=args.heartbeat_endpoint,
-                           fingerprint=args.fingerprint, hash_seed=args.hash_seed,
-                           heartbeat_interval_s=args.heartbeat_interval)
+                           fingerprint=args.fingerprint, heartbeat_interval_s=args.heartbeat_interval)
     pub.set_load(free_blocks=mgr.num_free_blocks)
     print(json.dumps({"worker_id": args.worker_id, "incarnation": pub.incarnation, "endpoints": pub.endpoints}),
           flush=True)
