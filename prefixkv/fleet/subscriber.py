@@ -13,7 +13,10 @@ heartbeats and a DEALER socket on its replay socket, and keeps the stream whole:
 * a worker silent for ``MISSED_HEARTBEATS`` heartbeat intervals is removed: no router
   picks it until it beats again;
 * a request whose reply stops coming (the worker's ROUTER socket drops what it cannot
-  deliver) is asked again after ``REPLY_TIMEOUT_S`` without a reply frame;
+  deliver) is asked again after ``REPLY_TIMEOUT_S`` without a reply frame, then after twice
+  as long each time, up to ``MAX_RETRY_S``, until a reply frame comes;
+* early batches past ``MAX_PENDING`` ask for a snapshot; while it is out, more of them drop
+  the oldest (the snapshot covers those) instead of asking again;
 * a heartbeat naming another worker than the one connected is refused (``WireError``).
 
 ``FleetRouter`` puts it together: ``poll()`` to take in what arrived, ``pick(tokens)`` to
@@ -22,12 +25,14 @@ route (hashing the prompt as the workers do, with the fleet's pinned seed).
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
 import zmq
 
+from ..errors import InvalidArgument
 from ..hashing import NO_EXTRA_KEYS, BlockHasher, ExtraKeys, encode_tokens
 from ..prompt import Prompt
 from . import wire
@@ -37,6 +42,7 @@ from .router import Decision, RouterConfig, WorkerLoad, make_router
 MISSED_HEARTBEATS = 3
 MAX_PENDING = 10_000      # early batches kept while a gap is repaired; beyond: snapshot
 REPLY_TIMEOUT_S = 2.0     # a replay request with no reply frame for this long is asked again
+MAX_RETRY_S = 16.0        # asking again backs off (2, 4, 8... s) up to this, until a reply frame comes
 MAX_MESSAGES = 10_000     # messages one poll() handles at most: it returns even while workers keep talking
 
 
@@ -52,6 +58,7 @@ class _Link:
     pending: dict = field(default_factory=dict)   # seq -> batch that came early
     asking: str | None = None               # "replay" / "snapshot" / "snapshot taken" while a request is out
     asked_at: float | None = None           # when the request went out, or its last reply frame came
+    retries: int = 0                        # times the request out was asked again with no reply frame
     incarnation: str | None = None
     heartbeat: wire.Heartbeat | None = None
     last_seen: float | None = None
@@ -72,11 +79,11 @@ class FleetSubscriber:
     def connect(self, worker_id: str, endpoints: dict[str, str]) -> None:
         """Follow a worker: ``endpoints`` has ``events``, ``replay`` and ``heartbeat`` addresses."""
         if worker_id in self._links:
-            raise ValueError(f"worker {worker_id!r} is already connected")
+            raise InvalidArgument("worker_id", f"worker {worker_id!r} is already connected")
         missing = [name for name in ("events", "replay", "heartbeat") if name not in endpoints]
         if missing:
-            raise ValueError(f"worker {worker_id!r}: endpoints need 'events', 'replay' and 'heartbeat' "
-                             f"addresses; missing {', '.join(map(repr, missing))}")
+            raise InvalidArgument("endpoints", f"worker {worker_id!r}: endpoints need 'events', 'replay' and "
+                                               f"'heartbeat' addresses; missing {', '.join(map(repr, missing))}")
         made: list = []
         try:
             for name, topic in (("events", b""), ("heartbeat", wire.HEARTBEAT_TOPIC), ("replay", None)):
@@ -131,10 +138,11 @@ class FleetSubscriber:
     def poll(self, timeout_s: float = 0.0, max_messages: int = MAX_MESSAGES) -> int:
         """Handle what arrived (waiting up to ``timeout_s`` for the first message), at most
         ``max_messages`` of it (the rest waits for the next call); returns messages handled."""
-        if not timeout_s >= 0:     # ZMQ reads a negative timeout as "wait forever"
-            raise ValueError(f"timeout_s must be >= 0 seconds, got {timeout_s!r}")
-        if not max_messages >= 1:
-            raise ValueError(f"max_messages must be >= 1, got {max_messages!r}")
+        # ZMQ reads a negative timeout as "wait forever"; a string failed deep inside the comparison
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not timeout_s >= 0:
+            raise InvalidArgument("timeout_s", f"must be a number of seconds >= 0, got {timeout_s!r}")
+        if isinstance(max_messages, bool) or not isinstance(max_messages, numbers.Integral) or max_messages < 1:
+            raise InvalidArgument("max_messages", f"must be an int >= 1, got {max_messages!r}")
         handled = 0
         ready = dict(self._poller.poll(int(timeout_s * 1000)))
         while ready:
@@ -164,14 +172,18 @@ class FleetSubscriber:
         """Ask again where a request's reply stopped coming (lost: ZMQ's ROUTER drops silently)."""
         now = self.clock()
         for link in self._links.values():
-            if link.asking is None or link.asked_at is None or now - link.asked_at <= REPLY_TIMEOUT_S:
+            # backing off: a worker that beats but never answers is not asked every 2 s forever
+            wait_s = min(REPLY_TIMEOUT_S * 2 ** link.retries, MAX_RETRY_S)
+            if link.asking is None or link.asked_at is None or now - link.asked_at <= wait_s:
                 continue
-            asked = link.asking
+            asked, retries = link.asking, link.retries
             self._drop_request(link)
             if asked == "snapshot":
                 self._ask(link, "snapshot", wire.SNAPSHOT_REQUEST)
             elif link.pending or link.expected < self._target(link):
                 self._ask_replay(link)
+            if link.asking is not None:
+                link.retries = retries + 1
 
     def live_workers(self) -> list[_Link]:
         now = self.clock()
@@ -229,6 +241,7 @@ class FleetSubscriber:
             return
         _, _, seq_frame, payload = frames
         asked = link.asking
+        link.retries = 0                      # the worker answers: the next request waits the first timeout
         if seq_frame == wire.END_SEQ:
             link.asking = None
             link.asked_at = None
@@ -272,8 +285,13 @@ class FleetSubscriber:
             if link.gap_since is None:
                 link.gap_since = self.clock()
             if len(link.pending) > MAX_PENDING:
-                link.pending.clear()
-                self._ask(link, "snapshot", wire.SNAPSHOT_REQUEST)
+                if link.asking == "snapshot":
+                    # One is out already: asking again would drop it (and its reply), so under a
+                    # sustained flood no snapshot would ever land. It covers the oldest early batches.
+                    del link.pending[min(link.pending)]
+                else:
+                    link.pending.clear()
+                    self._ask(link, "snapshot", wire.SNAPSHOT_REQUEST)
             elif link.asking is None:
                 self._ask_replay(link)
             return
@@ -315,6 +333,7 @@ class FleetSubscriber:
         self._drop_request(link)
         link.asking = what
         link.asked_at = self.clock()
+        link.retries = 0
         link.replay.send_multipart([b"", request])
 
     def _resync(self, link: _Link) -> None:
@@ -337,14 +356,27 @@ class FleetRouter:
 
     def __init__(self, router: str = "kv-aware+guard", *, block_size: int, hash_seed: int,
                  fingerprint: str = "", hash_algorithm: str = "xxh3_128", predict_ttl_s: float = 30.0,
-                 on_decision: Callable[[Decision], None] | None = None, **router_options) -> None:
+                 on_decision: Callable[[Decision], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic, **router_options) -> None:
+        """``clock`` (seconds) times workers' liveness, reply timeouts and predicted inserts alike."""
         # Everything that can refuse the arguments comes before the subscriber's ZMQ context, which
         # nobody could close if the constructor raised after making it.
+        # None would hash prompts with this process's random seed and check no worker's: nothing
+        # could ever match, yet every worker would be picked.
+        if isinstance(hash_seed, bool) or not isinstance(hash_seed, numbers.Integral):
+            raise InvalidArgument("hash_seed", f"the fleet's pinned seed must be an int, got "
+                                               f"{type(hash_seed).__name__} {hash_seed!r}")
+        if not -2**63 <= hash_seed < 2**64:
+            raise InvalidArgument("hash_seed", f"{hash_seed} does not fit a worker's heartbeat (msgpack's "
+                                               "64-bit integers): no worker could announce it")
+        if not callable(clock):
+            raise InvalidArgument("clock", f"must be callable (returning seconds), got {clock!r}")
+        self.clock = clock
         self.index = KVIndex(predict_ttl=predict_ttl_s)
         self.router = make_router(router, self.index, RouterConfig(block_size=block_size, fingerprint=fingerprint,
                                                                    hash_seed=hash_seed, **router_options))
         self.hasher = BlockHasher(block_size, seed=hash_seed, algorithm=hash_algorithm)
-        self.subscriber = FleetSubscriber(self.index)
+        self.subscriber = FleetSubscriber(self.index, clock=clock)
         self.on_decision = on_decision
         self._dispatched: dict[str, tuple[str, int]] = {}   # worker -> (incarnation, tokens sent since its heartbeat)
 
@@ -373,14 +405,17 @@ class FleetRouter:
              salt=None, adapter=None) -> Decision:
         """Route a prompt (token ids, or precomputed block hashes); counts its blocks as on the
         chosen worker until its events confirm them (predicted inserts)."""
+        if (tokens is None) == (hashes is None):
+            raise InvalidArgument("tokens", "pass the prompt's tokens or its block hashes (hashes=), one of them")
         if hashes is None:
             hashes = self.hashes(tokens, salt=salt, adapter=adapter)
             num_tokens = len(tokens)
         else:
             num_tokens = len(hashes) * self.hasher.block_size
-        self.index.expire(time.monotonic())
+        now = self.clock()
+        self.index.expire(now)
         decision = self.router.pick(hashes, self.workers())
-        self.index.predict(decision.worker_id, hashes, time.monotonic())
+        self.index.predict(decision.worker_id, hashes, now)
         # Load the heartbeat cannot know yet: what we sent since it was made.
         hb = self.subscriber.link(decision.worker_id).heartbeat
         key = (hb.incarnation, hb.ts)
