@@ -251,3 +251,15 @@ def test_a_positive_infinite_logit_is_drawn_instead_of_failing_the_step(temperat
         assert sample(one, params, i) == 1
         drawn.add(sample(two, params, i))
     assert drawn == {0, 2}
+
+
+def test_staging_from_the_remote_tier_never_evicts_the_chain_it_continues():
+    # [5, 6, 9, 10] is cached and written through; [1, 2, 3, 4] pushes it out of the 4-block device,
+    # and the 2-block host tier keeps 5 and 6. When [5, 6, 9, 10] comes back, 5 and 6 are host hits
+    # and 9, 10 continue them in the remote tier. The real tier (tiers.remote) holds the chain's
+    # host blocks while it stages: with no host block left, it stages nothing and the request
+    # loads its two host hits. The model staged 9 and 10 over 5 and 6: no hit at all, two fetches.
+    reqs = [Req(0.0, 16, 1, [5, 6, 9, 10]), Req(1.0, 16, 1, [1, 2, 3, 4]), Req(2.0, 16, 1, [5, 6, 9, 10])]
+    result = replay(Trace(reqs, 4), "lru", 4, host_capacity=2, remote_capacity=64)
+    assert (result.block_hits, result.host_block_hits, result.remote_block_hits) == (2, 2, 0)
+    assert result.extra["remote_fetches"] == 0

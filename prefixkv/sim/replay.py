@@ -383,11 +383,19 @@ def _stage_remote(mgr: KVCacheManager, remote, prompt) -> int:
     if not n:
         return 0
     host = mgr.host
+    # As the real tier does, hold the chain's host hits while staging: a staged block must not
+    # evict a block of the chain it continues (admit would then find neither).
+    device, pool = mgr.pool.lookup, host.pool
+    held = [b for b in map(pool.lookup, (h for h in hashes[:start] if device(h) is None)) if b is not None]
+    pool.acquire_hits(held)
     staged = []
-    for i in range(start, start + n):
-        if host.store(hashes[i], hashes[i - 1] if i else None, i) is None:
-            break                  # the host tier is full of blocks held for loads: stop the chain
-        staged.append(hashes[i])
+    try:
+        for i in range(start, start + n):
+            if host.store(hashes[i], hashes[i - 1] if i else None, i) is None:
+                break              # the host tier is full of blocks held for loads: stop the chain
+            staged.append(hashes[i])
+    finally:
+        pool.release(held[::-1])   # tail first, as the manager releases
     remote.read(staged)
     return len(staged)
 
