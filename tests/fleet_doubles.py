@@ -127,6 +127,14 @@ def following(interval: float) -> Iterator[tuple[ScriptedWorker, FleetSubscriber
         worker.close()
 
 
+@pytest.fixture
+def follow(request):
+    """(worker, subscriber, clock) as ``following`` makes them; the worker's heartbeat interval
+    is the test module's ``INTERVAL``. A test module takes it with ``from fleet_doubles import follow``."""
+    with following(request.module.INTERVAL) as trio:
+        yield trio
+
+
 def until(sub: FleetSubscriber, condition, worker: ScriptedWorker | None = None, bound: float = BOUND_S,
           answer: bool = True) -> list[bytes]:
     """Poll until ``condition()``; the worker's replay requests (when given one) are answered

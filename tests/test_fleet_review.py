@@ -37,17 +37,11 @@ def test_simulated_queue_waits_do_not_depend_on_where_the_trace_clock_starts():
 zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
-from fleet_doubles import BOUND_S, ScriptedWorker, following, holds, stored, until  # noqa: E402
+from fleet_doubles import BOUND_S, ScriptedWorker, follow, holds, stored, until  # noqa: E402, F401 (follow: a fixture)
 
 from prefixkv.fleet import wire  # noqa: E402
 
 INTERVAL = 10.0    # heartbeat interval the scripted worker announces: the test clock decides expiry
-
-
-@pytest.fixture
-def follow():
-    with following(INTERVAL) as trio:
-        yield trio
 
 
 def _alive(worker, sub, clock) -> None:

@@ -19,7 +19,7 @@ from prefixkv.events import BlockStored as CoreStored  # noqa: E402
 from prefixkv.fleet import wire  # noqa: E402
 from prefixkv.fleet.publisher import KVEventPublisher  # noqa: E402
 
-from fleet_doubles import BOUND_S, ScriptedWorker, following, holds, stored, until  # noqa: E402
+from fleet_doubles import BOUND_S, ScriptedWorker, follow, holds, stored, until  # noqa: E402, F401 (follow: a fixture)
 
 
 def _free_port() -> int:
@@ -50,14 +50,7 @@ from prefixkv.fleet import subscriber as subscriber_module  # noqa: E402
 from prefixkv.fleet.index import KVIndex  # noqa: E402
 from prefixkv.fleet.subscriber import FleetSubscriber  # noqa: E402
 
-INTERVAL = 0.1
-
-
-@pytest.fixture
-def follow():
-    """(worker, subscriber, clock): a scripted worker followed by a subscriber on a test clock."""
-    with following(INTERVAL) as trio:
-        yield trio
+INTERVAL = 0.1     # heartbeat interval the scripted worker announces (the follow fixture reads it)
 
 
 def test_pending_overflow_during_a_replay_loses_no_batch(follow, monkeypatch):

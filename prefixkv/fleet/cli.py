@@ -12,7 +12,7 @@ import os
 import sys
 
 from ..argtypes import non_negative_int, positive_int
-from ..errors import PrefixKVError
+from ..errors import InvalidArgument, PrefixKVError
 
 ROUTER_NAMES = ("round-robin", "least-load", "prefix", "kv-aware", "kv-aware+guard")
 
@@ -72,7 +72,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     from .simulator import FleetConfig, compare
 
     if args.trace == "":     # an empty shell variable: not "no --trace" (nor the current directory)
-        raise ValueError("--trace: an empty path (a trace file or a kv-cache-tester folder is expected)")
+        raise InvalidArgument("--trace", "an empty path (a trace file or a kv-cache-tester folder is expected)")
     if args.trace:
         trace = load_trace(args.trace, args.format)
         label = os.path.basename(os.path.normpath(args.trace))     # (a folder given as traces/ too)

@@ -17,10 +17,12 @@ clear drops them, or ``ttl`` passes. Times are whatever clock the caller passes 
 
 from __future__ import annotations
 
+import numbers
 from collections import deque
 from itertools import repeat
 from typing import Hashable, Iterable, Sequence
 
+from ..errors import InvalidArgument
 from ..events import AllBlocksCleared, BlockRemoved, BlockStored
 
 DEVICE_MEDIA = (None, "GPU")
@@ -37,8 +39,10 @@ class UnknownWorker(KeyError):
 
 class KVIndex:
     def __init__(self, *, predict_ttl: float = 30.0) -> None:
+        if isinstance(predict_ttl, bool) or not isinstance(predict_ttl, numbers.Real):
+            raise InvalidArgument("predict_ttl", f"must be a number of seconds, got {predict_ttl!r}")
         if not predict_ttl > 0:
-            raise ValueError(f"predict_ttl must be > 0, got {predict_ttl}")
+            raise InvalidArgument("predict_ttl", f"must be > 0, got {predict_ttl}")
         self.predict_ttl = predict_ttl
         self._slot: dict[Hashable, int] = {}          # worker id -> bit index
         self._free_slots: list[int] = []
@@ -138,7 +142,7 @@ class KVIndex:
         self.slot(worker_id)
         for event in events:
             if type(event) not in (BlockStored, BlockRemoved, AllBlocksCleared):
-                raise TypeError(f"not a prefixkv KV event: {type(event).__name__}")
+                raise InvalidArgument("events", f"not a prefixkv KV event: {type(event).__name__}")
         stored: list = []
         stored_medium = medium
         for event in events:

@@ -27,11 +27,14 @@ Workers whose fingerprint, block size or hash seed differs from the router's are
 
 from __future__ import annotations
 
+import math
+import numbers
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
+from ..errors import InvalidArgument
 from .index import KVIndex
 
 ROUTERS = ("round-robin", "least-load", "prefix", "kv-aware", "kv-aware+guard")
@@ -81,13 +84,31 @@ class RouterConfig:
     hash_seed: int | None = None     # the fleet's pinned hash seed; None: workers' seeds not checked
 
     def __post_init__(self) -> None:
+        # A wrong type failed later in a comparison or mid-pick ('<=' not supported, a str
+        # block size dividing the queued tokens): each is refused here, naming the field.
+        for name in ("block_size", "seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise InvalidArgument(name, f"must be an int, got {type(value).__name__} {value!r}")
         if self.block_size <= 0:
-            raise ValueError(f"block_size must be positive, got {self.block_size}")
+            raise InvalidArgument("block_size", f"must be positive, got {self.block_size}")
+        if not isinstance(self.fingerprint, str):
+            raise InvalidArgument("fingerprint", f"must be a str, got {type(self.fingerprint).__name__} "
+                                                 f"{self.fingerprint!r}")
+        if self.hash_seed is not None and (isinstance(self.hash_seed, bool)
+                                           or not isinstance(self.hash_seed, numbers.Integral)):
+            raise InvalidArgument("hash_seed", f"must be an int or None, got {type(self.hash_seed).__name__} "
+                                               f"{self.hash_seed!r}")
+        for name in ("lower_tier_credit", "decode_share", "guard_slack"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise InvalidArgument(name, f"must be a number, got {type(value).__name__} {value!r}")
         if not 0.0 <= self.lower_tier_credit <= 1.0:
-            raise ValueError(f"lower_tier_credit must be in [0, 1], got {self.lower_tier_credit}")
-        for name in ("decode_share", "guard_slack"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            raise InvalidArgument("lower_tier_credit", f"must be in [0, 1], got {self.lower_tier_credit}")
+        if not (math.isfinite(self.decode_share) and self.decode_share >= 0):   # inf x 0 running: nan loads
+            raise InvalidArgument("decode_share", f"must be a finite number >= 0, got {self.decode_share}")
+        if not self.guard_slack >= 0:           # inf: no guard
+            raise InvalidArgument("guard_slack", f"must be >= 0, got {self.guard_slack}")
 
 
 class Router(ABC):
@@ -223,6 +244,6 @@ _BY_NAME = {cls.name: cls for cls in (RoundRobinRouter, LeastLoadRouter, PrefixR
 def make_router(name: str, index: KVIndex, config: RouterConfig) -> Router:
     try:
         cls = _BY_NAME[name]
-    except KeyError:
-        raise ValueError(f"unknown router {name!r}; choose from {', '.join(ROUTERS)}") from None
+    except (KeyError, TypeError):     # TypeError: an unhashable name (a list)
+        raise InvalidArgument("router", f"unknown router {name!r}; choose from {', '.join(ROUTERS)}") from None
     return cls(index, config)

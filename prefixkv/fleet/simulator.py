@@ -34,6 +34,7 @@ from typing import Hashable
 import numpy as np
 
 from ..costs import CostParams, load_params
+from ..errors import InvalidArgument
 from ..manager import KVCacheManager
 from .index import KVIndex
 from .router import RouterConfig, WorkerLoad, make_router
@@ -63,33 +64,33 @@ class FleetConfig:
         for name in ("replicas", "capacity", "event_delay", "seed"):
             _check_integer(name, getattr(self, name))
         if self.replicas < 1:
-            raise ValueError(f"replicas must be >= 1, got {self.replicas}")
+            raise InvalidArgument("replicas", f"must be >= 1, got {self.replicas}")
         if self.capacity < 1:
-            raise ValueError(f"capacity must be >= 1 block, got {self.capacity}")
+            raise InvalidArgument("capacity", f"must be >= 1 block, got {self.capacity}")
         if self.event_delay < 0:
-            raise ValueError(f"event_delay must be >= 0 requests, got {self.event_delay}")
+            raise InvalidArgument("event_delay", f"must be >= 0 requests, got {self.event_delay}")
         for name in ("predict_ttl_s", "lower_tier_credit", "decode_share", "guard_slack", "speedup"):
             _check_real(name, getattr(self, name))
         if not math.isfinite(self.speedup) or self.speedup <= 0:
-            raise ValueError(f"speedup must be a finite number > 0, got {self.speedup!r}")
+            raise InvalidArgument("speedup", f"must be a finite number > 0, got {self.speedup!r}")
         if not self.predict_ttl_s > 0:          # inf: predictions never expire
-            raise ValueError(f"predict_ttl_s must be > 0 seconds, got {self.predict_ttl_s!r}")
+            raise InvalidArgument("predict_ttl_s", f"must be > 0 seconds, got {self.predict_ttl_s!r}")
         if not 0 <= self.lower_tier_credit <= 1:
-            raise ValueError(f"lower_tier_credit must be in [0, 1], got {self.lower_tier_credit!r}")
+            raise InvalidArgument("lower_tier_credit", f"must be in [0, 1], got {self.lower_tier_credit!r}")
         if not (math.isfinite(self.decode_share) and self.decode_share >= 0):   # inf x 0 running: nan loads
-            raise ValueError(f"decode_share must be a finite number >= 0, got {self.decode_share!r}")
+            raise InvalidArgument("decode_share", f"must be a finite number >= 0, got {self.decode_share!r}")
         if not self.guard_slack >= 0:           # inf: no guard
-            raise ValueError(f"guard_slack must be >= 0, got {self.guard_slack!r}")
+            raise InvalidArgument("guard_slack", f"must be >= 0, got {self.guard_slack!r}")
 
 
 def _check_integer(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise InvalidArgument(name, f"must be an integer, got {value!r}")
 
 
 def _check_real(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise InvalidArgument(name, f"must be a number, got {value!r}")
 
 
 @dataclass
@@ -180,8 +181,9 @@ class _Simulation:
         last = -math.inf
         for i, request in enumerate(trace.requests):
             if request.timestamp < last:
-                raise ValueError(f"request {i}: timestamp {request.timestamp} is earlier than the previous "
-                                 f"request's {last}: the simulator takes requests in arrival order")
+                raise InvalidArgument("trace", f"request {i}: timestamp {request.timestamp} is earlier than the "
+                                               f"previous request's {last}: the simulator takes requests in "
+                                               "arrival order")
             last = request.timestamp
         self.trace = trace
         self.cfg = config

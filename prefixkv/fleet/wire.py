@@ -22,6 +22,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import msgspec
 
+from ..errors import InvalidArgument
 from ..events import AllBlocksCleared as CoreCleared
 from ..events import BlockRemoved as CoreRemoved
 from ..events import BlockStored as CoreStored
@@ -217,7 +218,7 @@ def to_wire(events: Iterable, *, block_size: int, medium: str = MEDIUM_GPU,
             flush_removed()
             out.append(AllBlocksCleared())
         else:
-            raise TypeError(f"not a prefixkv KV event: {type(event).__name__}")
+            raise InvalidArgument("events", f"not a prefixkv KV event: {type(event).__name__}")
     flush_run()
     flush_removed()
     return out
