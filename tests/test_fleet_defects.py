@@ -368,3 +368,48 @@ def test_the_subscriber_refuses_bad_arguments_by_name(follow):
             sub.poll(0, max_messages=max_messages)
         _refused(info, "max_messages")
     assert set(sub._links) == {"w"}
+
+
+# -- further review ----------------------------------------------------------------------------
+
+def test_connect_refuses_a_worker_id_no_heartbeat_can_carry_and_endpoints_that_are_no_mapping():
+    """A non-str id was connected, then every heartbeat of that worker (whose id is a str on the
+    wire) was refused as another worker's ("from worker '7', not from 7"); endpoints=None
+    failed with "argument of type 'NoneType' is not iterable"."""
+    from prefixkv.fleet.index import KVIndex
+    from prefixkv.fleet.subscriber import FleetSubscriber
+
+    sub = FleetSubscriber(KVIndex())
+    try:
+        with pytest.raises(InvalidArgument) as info:
+            sub.connect(7, {"events": "tcp://127.0.0.1:5999", "replay": "tcp://127.0.0.1:5998",
+                            "heartbeat": "tcp://127.0.0.1:5997"})
+        _refused(info, "worker_id", "str")
+        with pytest.raises(InvalidArgument) as info:
+            sub.connect("w", None)
+        _refused(info, "endpoints", "NoneType")
+        assert sub._links == {} and sub._by_socket == {}
+    finally:
+        sub.close()
+
+
+def test_a_router_refuses_an_on_decision_it_cannot_call():
+    """A non-callable on_decision failed in pick() after the decision had been counted on the
+    worker (predicted inserts, dispatched tokens): the caller got an error for a routed request."""
+    with pytest.raises(InvalidArgument) as info:
+        FleetRouter("kv-aware", block_size=4, hash_seed=0, on_decision="metrics").close()
+    _refused(info, "on_decision", "callable")
+
+
+def test_publish_refuses_a_medium_routers_cannot_decode():
+    """medium=1 went on the wire as it was: every router's poll() then failed to decode the batch
+    (a WireError out of poll, the worker's stream stuck). Refused, taking no sequence number."""
+    with KVEventPublisher("w", block_size=4) as pub:
+        with pytest.raises(InvalidArgument) as info:
+            pub.publish([CoreStored(5, None, 4, None, 0)], medium=1)
+        _refused(info, "medium", "str")
+        pub.publish([CoreStored(5, None, 4, None, 0)])
+        end = time.monotonic() + BOUND_S
+        while pub._next_seq != 1 and time.monotonic() < end:
+            time.sleep(0.01)
+        assert pub._next_seq == 1

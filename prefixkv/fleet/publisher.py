@@ -141,6 +141,9 @@ class KVEventPublisher:
         ``drop=True`` is fault injection for tests and drills: the batch takes its sequence
         number and enters the replay buffer but never reaches the wire, as if lost.
         """
+        if not isinstance(medium, str):   # the wire would carry it, but no router could decode the batch
+            raise InvalidArgument("medium", f"must be a str ('GPU', 'CPU'...), got {type(medium).__name__} "
+                                            f"{medium!r}")
         converted = wire.to_wire(events, block_size=self.block_size, medium=medium, tokens=tokens)
         if converted:
             # encoded here, so a batch the wire cannot carry is refused before it takes a number

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numbers
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Sequence
+from typing import Callable, Hashable, Mapping, Sequence
 
 import zmq
 
@@ -78,6 +78,12 @@ class FleetSubscriber:
     # -- connections ---------------------------------------------------------------
     def connect(self, worker_id: str, endpoints: dict[str, str]) -> None:
         """Follow a worker: ``endpoints`` has ``events``, ``replay`` and ``heartbeat`` addresses."""
+        if not isinstance(worker_id, str):   # heartbeats carry a str: any other id would never match theirs
+            raise InvalidArgument("worker_id", f"must be a str (as heartbeats carry it), got "
+                                               f"{type(worker_id).__name__} {worker_id!r}")
+        if not isinstance(endpoints, Mapping):
+            raise InvalidArgument("endpoints", f"must be a mapping of 'events', 'replay' and 'heartbeat' "
+                                               f"addresses, got {type(endpoints).__name__}")
         if worker_id in self._links:
             raise InvalidArgument("worker_id", f"worker {worker_id!r} is already connected")
         missing = [name for name in ("events", "replay", "heartbeat") if name not in endpoints]
@@ -371,6 +377,8 @@ class FleetRouter:
                                                "64-bit integers): no worker could announce it")
         if not callable(clock):
             raise InvalidArgument("clock", f"must be callable (returning seconds), got {clock!r}")
+        if on_decision is not None and not callable(on_decision):   # else pick() fails after counting
+            raise InvalidArgument("on_decision", f"must be callable or None, got {on_decision!r}")
         self.clock = clock
         self.index = KVIndex(predict_ttl=predict_ttl_s)
         self.router = make_router(router, self.index, RouterConfig(block_size=block_size, fingerprint=fingerprint,
