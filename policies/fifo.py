@@ -3,6 +3,10 @@
 Blocks are ordered by the time they entered the prefix cache (were published),
 not by their last use: a popular block that keeps being hit still leaves in its
 original turn. This is the classic baseline that recency-aware policies beat.
+
+A duplicate block that takes over the hash of an evicted primary (the pool's
+promotion, right after ``evict``) keeps the primary's turn: the hash has been
+cached since the primary's publish.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from itertools import count
 
 from sortedcontainers import SortedDict
 
+from .arc import takes_over
 from .base import PolicyBase
 
 
@@ -21,8 +26,15 @@ class FIFOPolicy(PolicyBase):
         self._ticket = count()
         self._cached_at: dict[int, int] = {}   # block -> ticket when it was published
         self._candidates: SortedDict = SortedDict()  # ticket -> block, evictable only
+        self._victim: tuple | None = None      # (hash, ticket) of the latest victim, until the next on_cached
 
     def on_cached(self, block: int) -> None:
+        victim, self._victim = self._victim, None
+        if victim is not None:
+            block_hash = self.pool.block_hash[block]
+            if victim[0] == block_hash and takes_over(self.pool, block_hash):
+                self._cached_at[block] = victim[1]
+                return
         self._cached_at[block] = next(self._ticket)
 
     def on_released(self, block: int) -> None:
@@ -33,11 +45,15 @@ class FIFOPolicy(PolicyBase):
             del self._candidates[self._cached_at[block]]
 
     def evict(self) -> int:
-        _, block = self._candidates.popitem(0)
+        ticket, block = self._candidates.popitem(0)
         del self._cached_at[block]
+        pool = self.pool
+        if pool is not None:  # (driven without a pool in tests: no duplicates to take over)
+            self._victim = (pool.block_hash[block], ticket)
         return block
 
     def clear(self) -> None:
+        self._victim = None
         self._cached_at.clear()
         self._candidates.clear()
 

@@ -25,6 +25,10 @@ Cherkasova 1998).
 Candidates live in a SortedList of ``(H, release ticket, block)``: O(log n)
 per event. Each re-keyed orphan was indexed under its parent by its own
 release, so re-keying is O(log n) amortised per release.
+
+A duplicate block that takes over the hash of an evicted primary (the pool's
+promotion, right after ``evict``) is no access: it resumes the primary's count
+and the chain value its children left.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Hashable
 
 from sortedcontainers import SortedList
 
+from .arc import takes_over
 from .base import PolicyBase
 from .check import number_option
 
@@ -60,6 +65,7 @@ class GDSFPolicy(PolicyBase):
         self._kids: dict[Hashable, set[int]] = {}     # parent hash -> candidates keyed as non-orphans
         self._kid_of: dict[int, Hashable] = {}        # candidate -> parent hash it is indexed under
         self._evicted_parents: list[Hashable] = []    # hashes whose children may be orphans now
+        self._victim: tuple | None = None  # (hash, freq, chain value) of the latest victim, until the next on_cached
 
     def bind(self, pool) -> None:
         super().bind(pool)
@@ -72,8 +78,14 @@ class GDSFPolicy(PolicyBase):
             self._chain.pop(stale, None)
             if stale in self._kids:  # its waiting children may be orphans now
                 self._evicted_parents.append(stale)
+        block_hash = self._hash[block] = self.pool.block_hash[block]
+        victim, self._victim = self._victim, None
+        if victim is not None and victim[0] == block_hash and takes_over(self.pool, block_hash):
+            self._freq[block] = victim[1]
+            if victim[2] is not None:
+                self._chain[block_hash] = victim[2]
+            return
         self._freq[block] = 1
-        self._hash[block] = self.pool.block_hash[block]
 
     def on_hit(self, block: int, was_evictable: bool) -> None:
         if was_evictable:
@@ -139,10 +151,10 @@ class GDSFPolicy(PolicyBase):
         if priority > self.clock:
             self.clock = priority
         block_hash = self._hash.pop(block)
-        self._chain.pop(block_hash, None)
+        chain = self._chain.pop(block_hash, None)
         if block_hash in self._kids:
             self._evicted_parents.append(block_hash)
-        del self._freq[block]
+        self._victim = (block_hash, self._freq.pop(block), chain)
         return block
 
     def priority(self, block: int) -> float:
@@ -151,6 +163,7 @@ class GDSFPolicy(PolicyBase):
 
     def clear(self) -> None:
         self.clock = 0.0
+        self._victim = None
         self._freq.clear()
         self._hash.clear()
         self._key.clear()

@@ -16,6 +16,9 @@ is plain LRU.
 
 ``half_life`` defaults to the pool's capacity in blocks (one turnover of the
 cache), at least 16.
+
+A duplicate block that takes over the hash of an evicted primary (the pool's
+promotion, right after ``evict``) is no access: it resumes the primary's weight.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from sortedcontainers import SortedDict
 
 from prefixkv.errors import InvalidArgument
 
+from .arc import takes_over
 from .base import PolicyBase
 
 
@@ -45,6 +49,7 @@ class LFUPolicy(PolicyBase):
         self._weight: dict[int, tuple[int, float]] = {}  # cached block -> (E, w)
         self._key: dict[int, tuple[int, float, int]] = {}  # candidate -> its key in _candidates
         self._candidates: SortedDict = SortedDict()        # (E, w, ticket) -> block
+        self._victim: tuple | None = None  # (hash, weight) of the latest victim, until the next on_cached
 
     def bind(self, pool) -> None:
         super().bind(pool)
@@ -57,6 +62,12 @@ class LFUPolicy(PolicyBase):
         return epoch
 
     def on_cached(self, block: int) -> None:
+        victim, self._victim = self._victim, None
+        if victim is not None:
+            block_hash = self.pool.block_hash[block]
+            if victim[0] == block_hash and takes_over(self.pool, block_hash):
+                self._weight[block] = victim[1]
+                return
         self._weight[block] = (self._epoch(), 1.0)
 
     def on_hit(self, block: int, was_evictable: bool) -> None:
@@ -80,10 +91,11 @@ class LFUPolicy(PolicyBase):
     def evict(self) -> int:
         key, block = self._candidates.popitem(0)
         del self._key[block]
-        del self._weight[block]
+        self._victim = (self.pool.block_hash[block], self._weight.pop(block))
         return block
 
     def clear(self) -> None:
+        self._victim = None
         self._weight.clear()
         self._key.clear()
         self._candidates.clear()

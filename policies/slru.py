@@ -15,12 +15,17 @@ recently released protected *candidate* is demoted to the most recent end of
 probation (blocks in use cannot be ordered, so an overflow made only of active
 blocks waits until one of them is released). Every event is O(1) amortised:
 each demotion undoes one earlier promotion.
+
+A duplicate block that takes over the hash of an evicted primary (the pool's
+promotion, right after ``evict``) stays in the primary's segment: the hash was
+never out of the cache, and one that proved shared stays protected.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
+from .arc import takes_over
 from .base import PolicyBase
 from .check import number_option
 
@@ -39,6 +44,7 @@ class SLRUPolicy(PolicyBase):
         self._num_protected = 0                                # cached blocks in the protected segment
         self._probation_c: OrderedDict[int, None] = OrderedDict()  # candidates, release order
         self._protected_c: OrderedDict[int, None] = OrderedDict()
+        self._victim: tuple | None = None  # (hash, was protected) of the latest victim, until the next on_cached
 
     def bind(self, pool) -> None:
         super().bind(pool)
@@ -56,6 +62,13 @@ class SLRUPolicy(PolicyBase):
     def on_cached(self, block: int) -> None:
         if self._protected.get(block):  # its last residency ended in use (taken up a tier), unannounced
             self._num_protected -= 1
+        victim, self._victim = self._victim, None
+        if victim is not None and victim[1]:
+            block_hash = self.pool.block_hash[block]
+            if victim[0] == block_hash and takes_over(self.pool, block_hash):
+                self._protected[block] = True   # the count is back where it was before the eviction
+                self._num_protected += 1
+                return
         self._protected[block] = False
 
     def on_hit(self, block: int, was_evictable: bool) -> None:
@@ -80,10 +93,11 @@ class SLRUPolicy(PolicyBase):
         else:
             block = self._protected_c.popitem(last=False)[0]
             self._num_protected -= 1
-        del self._protected[block]
+        self._victim = (self.pool.block_hash[block], self._protected.pop(block))
         return block
 
     def clear(self) -> None:
+        self._victim = None
         self._protected.clear()
         self._num_protected = 0
         self._probation_c.clear()

@@ -216,3 +216,84 @@ def test_priority_refuses_a_nan_deadline_and_a_non_int_min_priority():
         assert policy.snapshot() == before and not policy.is_pinned(H)
     policy.pin(H, until=float("inf"))            # for good, as pin(H)
     assert policy.is_pinned(H)
+
+
+# -- the policies without ghosts: a takeover restarted the hash's history as a fresh publish ----------------
+# lfu counted it as an access and dropped the hash's weight to 1, gdsf reset its count to 1, slru put a
+# proven shared block back on probation, fifo sent the hash to the young end although it had been cached
+# since the primary's publish.
+def _hit_twice_then_takeover(policy):
+    pool = BlockPool(3, 4, policy)
+    (p,) = pool.allocate(1)
+    pool.publish(p, H, None, 0)
+    pool.release([p])
+    for _ in range(2):
+        pool.acquire_hits([p])
+        pool.release([p])
+    (q,) = pool.allocate(1)
+    pool.publish(q, ("q",), None, 0)             # cached after H, never hit; stays in use
+    (d,) = pool.allocate(1)
+    pool.publish(d, H, None, 0)                  # a duplicate of H
+    return pool, p, q, d
+
+
+def test_lfu_takeover_keeps_the_weight():
+    from prefixkv.policies import LFUPolicy
+
+    policy = LFUPolicy(half_life=100)
+    pool, p, q, d = _hit_twice_then_takeover(policy)
+    weight, accesses = policy.weight(p), policy._accesses
+    assert weight == 3.0
+    _evict_primary(pool, p, d)
+    assert policy.weight(d) == weight and policy._accesses == accesses
+    pool.release([q])
+    pool.release([d])
+    assert policy.evict() == q                   # the frequent hash stays
+
+
+def test_gdsf_takeover_keeps_the_count():
+    from prefixkv.policies import GDSFPolicy
+
+    policy = GDSFPolicy()
+    pool, p, q, d = _hit_twice_then_takeover(policy)
+    _evict_primary(pool, p, d)
+    assert policy._freq[d] == 3
+    pool.release([q])
+    pool.release([d])
+    assert policy.evict() == q
+
+
+def test_slru_takeover_stays_protected():
+    from prefixkv.policies import SLRUPolicy
+
+    policy = SLRUPolicy()
+    pool, p, q, d = _hit_twice_then_takeover(policy)
+    _evict_primary(pool, p, d)
+    assert policy._protected[d] and policy._num_protected == 1
+    pool.release([d])
+    pool.release([q])                            # released last, but on probation
+    assert policy.evict() == q
+
+
+def test_fifo_takeover_keeps_the_turn():
+    from prefixkv.policies import FIFOPolicy
+
+    policy = FIFOPolicy()
+    pool, p, q, d = _hit_twice_then_takeover(policy)
+    _evict_primary(pool, p, d)
+    pool.release([q])
+    pool.release([d])
+    assert policy.evict() == d                   # H was cached before q
+
+
+@pytest.mark.parametrize("name", ["fifo", "lfu", "slru", "gdsf", "arc", "s3fifo", "lrfu", "workload"])
+def test_a_takeover_after_clear_or_a_fresh_publish_restarts(name):
+    """The victim remembered for a takeover is the latest eviction's only until the next on_cached:
+    a later promotion of the same hash (after it was published afresh) is not matched with it."""
+    from prefixkv.policies import make_policy
+
+    policy = make_policy(name)
+    pool, x = _return_at_once(policy)            # H evicted, then published afresh
+    assert policy._victim is None
+    policy.clear()
+    assert policy._victim is None
