@@ -314,3 +314,25 @@ def test_clear_spares_other_applications_keys_that_pass_the_scan_pattern(server,
         stored(store, blocks)
         assert store.clear(FP.hex) == 3
     assert [raw.get(k) for k in others] == [b"keep"] * 3
+
+
+@pytest.mark.parametrize("url", ["redis+cluster://:hunter2@127.0.0.1:abc", "redis://:hunter2@127.0.0.1:6379/x",
+                                 "redis+cluster://u:hunter2@127.0.0.1:7000/3"])
+def test_an_unusable_urls_error_does_not_show_its_password(url):
+    """The errors quoted the URL as given: a password went into terminals and logs."""
+    with pytest.raises(RemoteTierError) as info:
+        RedisBlockStore(url, FP)
+    assert "hunter2" not in str(info.value) and "***" in str(info.value)
+
+
+@pytest.mark.parametrize("bad", [5, [1, 2], "text"])
+def test_put_refuses_contents_that_are_not_bytes(server, bad):  # noqa: F811
+    """bytes(5) stored five zero bytes as a block's content (and a list other bytes): every later
+    fetch that checks contents then rejected and deleted the block."""
+    blocks = Blocks(FP, 4, seed=7)
+    with RedisBlockStore(server.url, FP) as store:
+        before = store.stats()
+        with pytest.raises(InvalidArgument) as info:
+            store.put(blocks.chain, 0, blocks.payloads, [*blocks.contents[:3], bad])
+        assert info.value.argument == "contents" and store.stats() == before
+        assert stored(store, blocks) == 4

@@ -18,8 +18,6 @@ import math
 import re
 
 _FINGERPRINT = re.compile(r"^[0-9a-f]{32}$")
-_URL_PASSWORD = re.compile(r"(://[^/@:]*:)[^/]*@")         # redis://user:secret@host (to the last @)
-_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")     # unix:///path.sock?password=secret
 # Longer than any server answers a ping; past ~1e9 s the socket and thread waits overflow.
 MAX_TIMEOUT_S = 3600.0
 
@@ -34,7 +32,9 @@ def _fingerprint_hex(text: str) -> str:
 
 def shown_url(url: str) -> str:
     """``url`` with its password masked: what the commands print ends up in terminals and logs."""
-    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", url))
+    from .redis_net import masked_url     # redis-py is an extra: imported when a command runs
+
+    return masked_url(url)
 
 
 def _timeout(text: str) -> float:

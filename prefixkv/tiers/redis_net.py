@@ -28,6 +28,7 @@ background after a ``MOVED`` reply or a node's recovery).
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 from dataclasses import dataclass
@@ -44,6 +45,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from ..errors import PrefixKVError
+
+_URL_PASSWORD = re.compile(r"(://[^/@:]*:)[^/]*@")         # redis://user:secret@host (to the last @)
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")     # unix:///path.sock?password=secret
+
+
+def masked_url(url: str) -> str:
+    """``url`` with its password masked: errors and stats end up in terminals and logs."""
+    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", url))
 
 __all__ = ["RemoteTierError", "StoreClosed", "NodeClosed", "NodeDown", "Node", "Topology", "NETWORK_ERRORS", "retries_of", "roundtrip",
            "CLUSTER_SCHEME", "HIREDIS"]
@@ -218,11 +227,12 @@ def _node_kwargs(url: str) -> dict:
     try:
         kwargs = parse_url(url)
     except ValueError as exc:
-        raise RemoteTierError(f"unusable remote URL {url!r}: {exc}") from None
+        raise RemoteTierError(f"unusable remote URL {masked_url(url)!r}: {exc}") from None
     # redis-py drops a database it cannot read as a number and connects to database 0 instead
     path = urlparse(url).path.strip("/")
     if not url.startswith("unix:") and path and not path.isdecimal():
-        raise RemoteTierError(f"unusable remote URL {url!r}: the database must be a number, got {path!r}")
+        raise RemoteTierError(f"unusable remote URL {masked_url(url)!r}: the database must be a number, "
+                              f"got {path!r}")
     return kwargs
 
 
@@ -343,19 +353,19 @@ def _parse_cluster_url(url: str) -> tuple[dict, list[tuple[str, int]]]:
     hosts, _, db = rest.partition("/")
     # A cluster serves database 0 only; a URL naming another was used as database 0 without a word.
     if db.strip("/") not in ("", "0"):
-        raise RemoteTierError(f"cluster URL {url!r}: a Redis Cluster has database 0 only, got {db!r}")
+        raise RemoteTierError(f"cluster URL {masked_url(url)!r}: a Redis Cluster has database 0 only, got {db!r}")
     seeds = []
     for part in hosts.split(","):
         try:
             parsed = urlparse("//" + part)
             host, port = parsed.hostname, parsed.port
         except ValueError as exc:       # a port that is not a number, or out of range
-            raise RemoteTierError(f"cluster URL {url!r}: {part!r} is not host:port ({exc})") from None
+            raise RemoteTierError(f"cluster URL {masked_url(url)!r}: {part!r} is not host:port ({exc})") from None
         if not host:
-            raise RemoteTierError(f"cluster URL {url!r}: {part!r} is not host:port")
+            raise RemoteTierError(f"cluster URL {masked_url(url)!r}: {part!r} is not host:port")
         seeds.append((host, port or 6379))
     if not seeds:
-        raise RemoteTierError(f"cluster URL {url!r} names no node")
+        raise RemoteTierError(f"cluster URL {masked_url(url)!r} names no node")
     return auth, seeds
 
 

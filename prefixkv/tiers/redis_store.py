@@ -401,6 +401,11 @@ class RedisBlockStore:
                 raise InvalidArgument("chain", f"block hash {start + j} is not {size} bytes "
                                                f"({self.fingerprint.hash_algorithm})")
             views.append(view)
+        if contents is not None:
+            for j, content in enumerate(contents):
+                # bytes(5) is five zero bytes and bytes([1, 2]) other bytes: only a byte string is its content
+                if not isinstance(content, (bytes, bytearray, memoryview)):
+                    raise InvalidArgument("contents", f"content {j} is {type(content).__name__}, not bytes")
         self._count["puts"] += n
         if n == 0:
             return 0
