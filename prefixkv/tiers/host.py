@@ -25,6 +25,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from ..copies import BlockCopies
+from ..events import BlockStored
 from ..policies import make_policy
 from ..pool import BlockPool
 
@@ -141,7 +142,11 @@ class HostTier:
             blocks, hashes, parents, depths = (values[cut:] for values in (blocks, hashes, parents, depths))
         if not len(blocks):
             return BlockCopies()
+        events = pool.events
+        mark = len(events) if events is not None else 0
         host_blocks = pool.cache_run(hashes, parents, depths)
+        if events is not None and len(events) - mark > 1:
+            _parents_first(events, mark)
         self.stores += len(host_blocks)
         return BlockCopies(blocks, host_blocks)
 
@@ -163,3 +168,30 @@ class HostTier:
     def clear(self) -> None:
         """Forget every cached host block; blocks held by swapped-out sequences stay held."""
         self.pool.clear_cache(keep_active=True)
+
+
+def _parents_first(events: list, start: int) -> None:
+    """Reorder the ``BlockStored`` among ``events[start:]`` (one demotion batch) so that a parent stored
+    in the batch comes before its children, as the device's events do: the device evicts a chain tail
+    first, and the host keeps that order for its policy (oldest first), not for its events. Other
+    events (the host's own evictions) keep their places."""
+    slots = [i for i in range(start, len(events)) if isinstance(events[i], BlockStored)]
+    if len(slots) < 2:
+        return
+    batch = [events[i] for i in slots]
+    first: dict = {}
+    for j, event in enumerate(batch):
+        first.setdefault(event.block_hash, j)
+    out: list = []
+    emitted = [False] * len(batch)
+    for j in range(len(batch)):
+        chain = []              # j and its ancestors in the batch not yet emitted, child first
+        k = j
+        while k is not None and not emitted[k]:
+            emitted[k] = True   # marked as it is queued: a cycle of hashes cannot loop
+            chain.append(k)
+            parent = batch[k].parent_hash
+            k = first.get(parent) if parent is not None else None
+        out.extend(batch[k] for k in reversed(chain))
+    for i, event in zip(slots, out):
+        events[i] = event
