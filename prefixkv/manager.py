@@ -176,6 +176,11 @@ class KVCacheManager:
                                                 "a trace replay knows: use prefixkv.sim.replay / `prefixkv replay`, "
                                                 "or pass a BeladyPolicy object you feed through set_next_use")
             make_policy(policy)     # an unknown name or bad options fail here, before anything is built
+        if isinstance(host_policy, str) and num_host_blocks:
+            if host_policy == "belady":
+                raise InvalidArgument("host_policy", "the belady policy (MIN) needs every block's next use: "
+                                                     "it cannot order a host tier")
+            make_policy(host_policy)   # as the device policy: before the pool binds a policy object
         if host_cache and not num_host_blocks:
             # before the pool is built: that binds a policy object passed in, which then could not
             # serve the manager built once the caller fixes this

@@ -367,3 +367,16 @@ def test_kv_store_sizes_and_dtypes_are_named():
     with pytest.raises(ValueError) as info:
         KVStore.from_budget(spec, 2, 8)
     _named(info.value, "pool_bytes", "hold no block")
+
+
+def test_an_unknown_host_policy_is_refused_before_the_device_policy_object_is_bound():
+    """The host policy's name was checked only when the host tier was built, after the device pool had
+    bound the policy object passed in: the caller could not reuse it once the name was fixed."""
+    from prefixkv import KVCacheManager
+    from prefixkv.policies import LRUPolicy
+
+    policy = LRUPolicy()
+    with pytest.raises(ValueError, match="no-such-policy"):
+        KVCacheManager(8, 4, policy=policy, num_host_blocks=4, host_cache=True, host_policy="no-such-policy")
+    assert policy.pool is None
+    KVCacheManager(8, 4, policy=policy, num_host_blocks=4, host_cache=True)
