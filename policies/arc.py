@@ -30,12 +30,9 @@ from .base import PolicyBase
 
 def takes_over(pool, block_hash) -> bool:
     """Whether the ``on_cached`` in progress is an active duplicate taking over ``block_hash``
-    from a primary that was evicted (or forgotten) just now. The pool tells no event apart: it
-    calls ``on_cached`` for a promotion as for a publish, but it keeps the hash's list of
-    duplicates until that call returns, and a hash that is published fresh has none. A pool
-    without duplicate tracking (a test double) never promotes."""
-    duplicates = getattr(pool, "_duplicates", None)
-    return duplicates is not None and block_hash in duplicates
+    from a primary that was evicted (or forgotten) just now: the hash never left the cache
+    (``pool.promoting``, policies/base.py). A pool without duplicates (a test double) never promotes."""
+    return getattr(pool, "promoting", False)
 
 
 class ARCPolicy(PolicyBase):

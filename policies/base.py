@@ -12,7 +12,10 @@ tells the policy about every event that can matter to an ordering:
                           block was a candidate it stops being one (the policy
                           must forget it in O(1)/O(log n));
 * ``evict() -> block``     choose a candidate, forget it and return it; the pool
-                          then drops its hash;
+                          then drops its hash, unless an active duplicate of it takes
+                          the hash over: then ``on_cached(duplicate)`` follows at once,
+                          with ``pool.promoting`` True (the hash never left the cache;
+                          a policy with ghosts should not count it as a return);
 * ``clear()``              the prefix cache was reset: forget every block.
 
 A policy reads what it needs from ``self.pool`` after ``bind(pool)``: per-block

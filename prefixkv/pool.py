@@ -140,6 +140,7 @@ class BlockPool:
         # request being freed): what a policy reading the hint can take as the request's length.
         self.release_size = 0
         self.medium = medium            # in this pool's KV events (None: the device pool)
+        self.promoting = False          # an on_cached in progress is a duplicate taking a hash over
         # Called as on_evict_many(blocks, hashes) once per eviction burst, before any of those blocks
         # is reused: the manager demotes them to the host tier there (None: they are simply gone).
         self.on_evict_many = None
@@ -640,7 +641,11 @@ class BlockPool:
             self.depth[duplicate] = self.depth[evicted]
         if self.verify:
             self.content[duplicate] = self.content[evicted]
-        self.policy.on_cached(duplicate)
+        self.promoting = True       # policies/base.py: this on_cached continues a residency
+        try:
+            self.policy.on_cached(duplicate)
+        finally:
+            self.promoting = False
 
     def publish(self, block: int, block_hash: Hashable, parent_hash: Hashable | None, depth: int,
                 content: bytes | None = None, extra: ExtraKeys | None = None,
