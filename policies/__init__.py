@@ -113,6 +113,12 @@ class PolicyRegistry:
             return factory(**options)
         except (TypeError, ValueError) as exc:
             shown = ":".join(f"{k}={v!r}" for k, v in options.items())
+            argument = getattr(exc, "argument", None)
+            if isinstance(argument, str):   # an InvalidArgument keeps naming its option
+                from prefixkv.errors import InvalidArgument
+
+                raise InvalidArgument(argument, f"eviction policy {name!r} with {shown}: "
+                                                f"{getattr(exc, 'problem', exc)}") from exc
             raise ValueError(f"eviction policy {name!r} with {shown}: {exc}") from exc
 
 

@@ -297,3 +297,16 @@ def test_a_takeover_after_clear_or_a_fresh_publish_restarts(name):
     assert policy._victim is None
     policy.clear()
     assert policy._victim is None
+
+
+def test_a_bad_option_in_a_spec_string_stays_an_invalid_argument_naming_it():
+    """make_policy turned the option's InvalidArgument into a plain ValueError for spec strings, so a
+    caller could not tell which option was refused."""
+    from prefixkv.errors import InvalidArgument
+    from prefixkv.policies import make_policy
+
+    with pytest.raises(InvalidArgument) as info:
+        make_policy("gdsf:depth_cost=1e999")
+    assert info.value.argument == "depth_cost" and "gdsf" in str(info.value)
+    with pytest.raises(ValueError):         # what callers caught before
+        make_policy("s3fifo:max_freq=1e999")
