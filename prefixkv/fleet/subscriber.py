@@ -44,6 +44,7 @@ MAX_PENDING = 10_000      # early batches kept while a gap is repaired; beyond: 
 REPLY_TIMEOUT_S = 2.0     # a replay request with no reply frame for this long is asked again
 MAX_RETRY_S = 16.0        # asking again backs off (2, 4, 8... s) up to this, until a reply frame comes
 MAX_MESSAGES = 10_000     # messages one poll() handles at most: it returns even while workers keep talking
+_MAX_DOUBLINGS = 32       # retries past this back off no further (MAX_RETRY_S is reached long before)
 
 
 @dataclass
@@ -179,7 +180,8 @@ class FleetSubscriber:
         now = self.clock()
         for link in self._links.values():
             # backing off: a worker that beats but never answers is not asked every 2 s forever
-            wait_s = min(REPLY_TIMEOUT_S * 2 ** link.retries, MAX_RETRY_S)
+            # (the exponent capped: 2.0 * 2 ** 1024 overflows a float, after some 4.5 h of retries)
+            wait_s = min(REPLY_TIMEOUT_S * 2 ** min(link.retries, _MAX_DOUBLINGS), MAX_RETRY_S)
             if link.asking is None or link.asked_at is None or now - link.asked_at <= wait_s:
                 continue
             asked, retries = link.asking, link.retries
@@ -293,8 +295,11 @@ class FleetSubscriber:
             if len(link.pending) > MAX_PENDING:
                 if link.asking == "snapshot":
                     # One is out already: asking again would drop it (and its reply), so under a
-                    # sustained flood no snapshot would ever land. It covers the oldest early batches.
-                    del link.pending[min(link.pending)]
+                    # sustained flood no snapshot would ever land. It covers the oldest early batches:
+                    # an eighth of them go at once, one sort per many batches (not a scan per batch;
+                    # the keys arrive mostly in order, which the sort is linear on).
+                    for old in sorted(link.pending)[:max(1, MAX_PENDING // 8)]:
+                        del link.pending[old]
                 else:
                     link.pending.clear()
                     self._ask(link, "snapshot", wire.SNAPSHOT_REQUEST)
