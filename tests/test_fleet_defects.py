@@ -178,7 +178,9 @@ def test_publish_from_accepts_the_manager_it_was_made_for():
             prompt = mgr.prompt(list(range(16)))
             mgr.admit("a", prompt)
             pub.publish_from(mgr, prompts=[prompt])
-            until(router.subscriber, lambda: holds(router.subscriber, prompt.block_hashes()))
+            # events can land before the first heartbeat: the worker is picked once it is live too
+            until(router.subscriber, lambda: holds(router.subscriber, prompt.block_hashes())
+                  and router.workers())
             assert router.pick(list(range(16))).overlap_blocks == 4
     finally:
         router.close()
