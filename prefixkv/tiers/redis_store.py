@@ -69,7 +69,7 @@ from .block_codec import Reject, decode
 from .fingerprint import Fingerprint, int_argument, seconds_argument
 from .redis_keys import DEFAULT_PREFIX, GROUP_MAX_BLOCKS, GROUP_MAX_BYTES, KeySpace, check_prefix
 from .redis_net import (HIREDIS, NETWORK_ERRORS, Node, NodeDown, RemoteTierError, StoreClosed, Timeouts, Topology,
-                        roundtrip, send_all)
+                        masked_url, roundtrip, send_all)
 from .redis_writer import BackgroundWriter, Pending
 
 __all__ = ["RedisBlockStore", "RedisStoreConfig", "StoreStats", "Fetched", "RemoteTierError", "StoreClosed",
@@ -203,7 +203,7 @@ class RedisBlockStore:
     # -- reads -----------------------------------------------------------------
     def _check_open(self) -> None:
         if self.closed:
-            raise StoreClosed(f"the block store at {self.url} is closed; build a new one to use it again")
+            raise StoreClosed(f"the block store at {masked_url(self.url)} is closed; build a new one to use it again")
 
     def probe(self, chain: Sequence[bytes], start: int = 0) -> int:
         """Leading blocks of ``chain[start:]`` present on the server (0 when unreachable)."""
