@@ -44,10 +44,15 @@ INF = float("inf")
 class PriorityPolicy(PolicyBase):
     def __init__(self, inner: EvictionPolicy, *, min_priority: int | None = None,
                  clock: Callable[[], float] | None = None) -> None:
-        if min_priority is not None and (isinstance(min_priority, bool) or not isinstance(min_priority, numbers.Integral)):
+        if min_priority is not None:
             # compared with the pool's int priorities at every release: a str raised TypeError mid-release
-            raise InvalidArgument("min_priority", f"must be an int or None, got {type(min_priority).__name__} "
-                                                  f"{min_priority!r}")
+            # (an integral float such as 1.0 is the int 1, as it was before this was checked)
+            if isinstance(min_priority, bool) or not isinstance(min_priority, numbers.Real) or not (
+                    isinstance(min_priority, numbers.Integral)
+                    or (math.isfinite(min_priority) and min_priority == int(min_priority))):
+                raise InvalidArgument("min_priority", f"must be an int or None, got {type(min_priority).__name__} "
+                                                      f"{min_priority!r}")
+            min_priority = int(min_priority)
         if clock is not None and not callable(clock):
             raise InvalidArgument("clock", f"must be a callable returning the time, got {clock!r}")
         self.inner = inner

@@ -46,8 +46,8 @@ class S3FIFOPolicy(PolicyBase):
 
     def __init__(self, small_fraction: float = 0.1, move_threshold: int = 1, max_freq: int = 3) -> None:
         number_option("small_fraction", small_fraction, low=0.0, high=1.0, low_open=True, high_open=True)
-        number_option("move_threshold", move_threshold, low=1, integer=True)
-        number_option("max_freq", max_freq, low=move_threshold, integer=True)
+        move_threshold = number_option("move_threshold", move_threshold, low=1, integer=True)
+        max_freq = number_option("max_freq", max_freq, low=move_threshold, integer=True)
         self.small_fraction = small_fraction
         self.move_threshold = move_threshold
         self.max_freq = max_freq

@@ -36,7 +36,7 @@ class SLRUPolicy(PolicyBase):
     def __init__(self, protected_fraction: float = 0.5, protected_size: int | None = None) -> None:
         number_option("protected_fraction", protected_fraction, low=0.0, high=1.0)
         if protected_size is not None:
-            number_option("protected_size", protected_size, low=0, integer=True)
+            protected_size = number_option("protected_size", protected_size, low=0, integer=True)
         self.protected_fraction = protected_fraction
         self.protected_size = protected_size
         self._limit = protected_size if protected_size is not None else 1 << 62
