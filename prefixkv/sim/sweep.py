@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import numbers
 import os
 import signal
 from dataclasses import dataclass
 from typing import Callable, Sequence
+
+import numpy as np
 
 from ..errors import InvalidArgument, PrefixKVError
 from .replay import replay
@@ -149,8 +152,9 @@ def auto_capacities(trace: Trace, fractions: Sequence[float] = AUTO_FRACTIONS,
 def _fractions(fractions) -> list[float]:
     """``fractions`` sorted: the first is the low end, the last the high one."""
     out = list(fractions)
-    bad = next((f for f in out if isinstance(f, bool) or not isinstance(f, (int, float))
-                or (isinstance(f, float) and not math.isfinite(f)) or f <= 0), None)
+    # numbers.Real: numpy floats and ints too (a fractions array read with numpy), as before
+    bad = next((f for f in out if isinstance(f, (bool, np.bool_)) or not isinstance(f, numbers.Real)
+                or not math.isfinite(f) or f <= 0), None)
     if not out or bad is not None:
         # 0 or a negative fraction rounded to the 1-block floor; none at all failed with IndexError
         raise InvalidArgument("fractions", "must be one or more finite numbers > 0 (shares of the trace's "

@@ -98,6 +98,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -260,9 +261,12 @@ def _is_number(x) -> bool:
 
 
 def _block_size_argument(block_size) -> int:
-    if type(block_size) is not int or block_size <= 0:
+    """A block size argument as an int: a numpy integer is taken (the loaders took one before this
+    was checked), a float, a bool or a string refused."""
+    # (a numpy bool is no numbers.Integral)
+    if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size <= 0:
         raise InvalidArgument("block_size", f"must be a positive integer (tokens per block), got {_short(block_size)}")
-    return block_size
+    return int(block_size)
 
 
 def _type_name(x) -> str:
@@ -367,7 +371,7 @@ def _loads_line(path: Path, lineno: int, raw: bytes):
 def load_mooncake(path: str | os.PathLike, block_size: int = MOONCAKE_BLOCK_SIZE, *,
                   name: str | None = None) -> Trace:
     """Load a Mooncake JSONL trace (timestamps in ms become seconds). See the module doc."""
-    _block_size_argument(block_size)
+    block_size = _block_size_argument(block_size)
     path = Path(path)
     requests: list[TraceRequest] = []
     append = requests.append
@@ -511,7 +515,7 @@ def load_kvcache_tester(paths: str | os.PathLike | Iterable[str | os.PathLike], 
     if not _is_number(stagger) or stagger < 0:
         raise InvalidArgument("stagger", f"must be a finite number of seconds >= 0, got {_short(stagger)}")
     if block_size is not None:
-        _block_size_argument(block_size)
+        block_size = _block_size_argument(block_size)
     files = _expand_paths(paths)
     requests: list[TraceRequest] = []
     file_block_size: int | None = block_size
@@ -808,7 +812,7 @@ def load_token_trace(path: str | os.PathLike, block_size: int | None = None, *,
                      name: str | None = None) -> Trace:
     """Load a prefixkv token JSONL trace. ``block_size`` overrides the header's (default 16)."""
     if block_size is not None:
-        _block_size_argument(block_size)
+        block_size = _block_size_argument(block_size)
     path = Path(path)
     header: dict = {}
     requests: list[TraceRequest] = []
