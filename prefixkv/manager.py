@@ -181,6 +181,11 @@ class KVCacheManager:
                 raise InvalidArgument("host_policy", "the belady policy (MIN) needs every block's next use: "
                                                      "it cannot order a host tier")
             make_policy(host_policy)   # as the device policy: before the pool binds a policy object
+        elif num_host_blocks and (host_policy is policy or getattr(host_policy, "pool", None) is not None):
+            # the host tier's pool would refuse it, after the device pool had bound ``policy``
+            raise InvalidArgument("host_policy", f"this {type(host_policy).__name__} object already serves "
+                                                 f"{'the device pool' if host_policy is policy else 'another pool'}; "
+                                                 "give the host tier a fresh one or a name")
         if host_cache and not num_host_blocks:
             # before the pool is built: that binds a policy object passed in, which then could not
             # serve the manager built once the caller fixes this
