@@ -336,3 +336,30 @@ def test_put_refuses_contents_that_are_not_bytes(server, bad):  # noqa: F811
             store.put(blocks.chain, 0, blocks.payloads, [*blocks.contents[:3], bad])
         assert info.value.argument == "contents" and store.stats() == before
         assert stored(store, blocks) == 4
+
+
+@pytest.mark.parametrize("url", ["redis+cluster://127.0.0.1:7000?password=hunter2",
+                                 "redis+cluster://127.0.0.1:7000/0?ssl=true", "redis+cluster://127.0.0.1:7000/?x=1"])
+def test_a_cluster_urls_query_options_are_refused_not_dropped(url):
+    """A query after the nodes was read as part of the database ('database 0 only, got 0?ssl=true')
+    or, with no database, dropped without a word (a password given there was never sent)."""
+    with pytest.raises(RemoteTierError, match="query options") as info:
+        RedisBlockStore(url, FP)
+    assert "hunter2" not in str(info.value)
+
+
+def test_a_remote_tiers_stats_and_repr_mask_the_urls_password(server):  # noqa: F811
+    pytest.importorskip("torch")
+    from prefixkv import KVCacheManager, KVSpec
+    from prefixkv.kv.storage import KVStore
+    from prefixkv.tiers.remote import RemoteTier
+
+    kv = KVStore(KVSpec(layers=2, kv_heads=2, head_dim=8, dtype="float16"), 8, 4)
+    kv.allocate_host(8)
+    mgr = KVCacheManager(8, 4, hash_seed=5, num_host_blocks=8, host_cache=True)
+    url = server.url.replace("redis://", "redis://:hunter2@")
+    tier = RemoteTier.connect(url, mgr, kv, weights=b"weights-digest-0")
+    try:
+        assert "hunter2" not in repr(tier) and "hunter2" not in str(tier.stats()["url"])
+    finally:
+        tier.close()

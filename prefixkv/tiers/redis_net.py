@@ -350,6 +350,10 @@ def _parse_cluster_url(url: str) -> tuple[dict, list[tuple[str, int]]]:
             auth["username"] = unquote(user)
         if password:
             auth["password"] = unquote(password)
+    rest, query, options = rest.partition("?")
+    if query:   # redis-py's URL options (a password, TLS settings) would be dropped without a word
+        raise RemoteTierError(f"cluster URL {masked_url(url)!r}: query options ({masked_url('?' + options)!r}) "
+                              "are not supported; give a password as redis+cluster://user:password@host:port")
     hosts, _, db = rest.partition("/")
     # A cluster serves database 0 only; a URL naming another was used as database 0 without a word.
     if db.strip("/") not in ("", "0"):

@@ -46,6 +46,7 @@ from typing import Any
 
 from ..errors import InvalidArgument
 from .fingerprint import UnpinnedHashSeed, int_argument, seconds_argument, weights_digest
+from .redis_net import masked_url
 from .redis_store import RedisBlockStore, RedisStoreConfig
 from .staging import StagingBuffer, fingerprint_for
 
@@ -203,7 +204,7 @@ class RemoteTier:
 
     def stats(self) -> dict:
         out = dict(self._count, held=len(self._held), slowest_prefetch_s=self.slowest_prefetch_s,
-                   slowest_write_back_s=self.slowest_write_back_s, url=self.store.url,
+                   slowest_write_back_s=self.slowest_write_back_s, url=masked_url(self.store.url),
                    fingerprint=self.store.fingerprint.hex)
         store = self.store.stats()
         out.update({f"store_{name}": getattr(store, name) for name in store.__slots__})
@@ -366,4 +367,4 @@ class RemoteTier:
         self.store.close(flush_timeout_s)
 
     def __repr__(self) -> str:
-        return f"RemoteTier({self.store.url!r}, fingerprint={self.store.fingerprint.hex[:12]}…)"
+        return f"RemoteTier({masked_url(self.store.url)!r}, fingerprint={self.store.fingerprint.hex[:12]}…)"
