@@ -690,12 +690,6 @@ def _duplicate_key_error(path: Path, text: str, key: str) -> TraceFormatError:
     checked = json.JSONDecoder(object_pairs_hook=_unique_keys).raw_decode
     plain = json.JSONDecoder().raw_decode
     scan = json.decoder.scanstring
-    n = len(text)
-
-    def skip(p: int) -> int:
-        while p < n and text[p] in _WS:
-            p += 1
-        return p
 
     def value(p: int, jpath: tuple) -> int:
         try:
@@ -706,30 +700,30 @@ def _duplicate_key_error(path: Path, text: str, key: str) -> TraceFormatError:
     def walk(p: int, jpath: tuple) -> int:
         if text[p] == "{":
             seen: set = set()
-            p = skip(p + 1)
+            p = _skip_ws(text, p + 1)
             while text[p] != "}":
                 start = p
                 name, p = scan(text, p + 1)
                 if name in seen:
                     raise _Repeated(jpath, start, name)
                 seen.add(name)
-                p = skip(value(skip(skip(p) + 1), jpath + (name,)))
+                p = _skip_ws(text, value(_skip_ws(text, _skip_ws(text, p) + 1), jpath + (name,)))
                 if text[p] == ",":
-                    p = skip(p + 1)
+                    p = _skip_ws(text, p + 1)
             return p + 1
         if text[p] == "[":
-            p = skip(p + 1)
+            p = _skip_ws(text, p + 1)
             i = 0
             while text[p] != "]":
-                p = skip(value(p, jpath + (i,)))
+                p = _skip_ws(text, value(p, jpath + (i,)))
                 i += 1
                 if text[p] == ",":
-                    p = skip(p + 1)
+                    p = _skip_ws(text, p + 1)
             return p + 1
         return plain(text, p)[1]
 
     try:
-        walk(skip(0), ())
+        walk(_skip_ws(text, 0), ())
     except _Repeated as found:
         line = text.count("\n", 0, found.pos) + 1
         column = found.pos - (text.rfind("\n", 0, found.pos) + 1) + 1
@@ -751,6 +745,14 @@ def _jpath_text(jpath: tuple) -> str:
 _WS = " \t\n\r"
 
 
+def _skip_ws(text: str, p: int) -> int:
+    """The first position at or after ``p`` that is not JSON whitespace (``len(text)`` at the end)."""
+    n = len(text)
+    while p < n and text[p] in _WS:
+        p += 1
+    return p
+
+
 def _position(text: str, jpath: tuple) -> tuple[int, int]:
     """(line, column), 1-based, of the value at ``jpath`` in a JSON document; best effort."""
     pos = _locate(text, jpath)
@@ -760,46 +762,39 @@ def _position(text: str, jpath: tuple) -> tuple[int, int]:
 
 def _locate(text: str, jpath: tuple) -> int:
     decode = json.JSONDecoder().raw_decode
-    n = len(text)
-
-    def skip(p: int) -> int:
-        while p < n and text[p] in _WS:
-            p += 1
-        return p
-
-    pos = skip(0)
+    pos = _skip_ws(text, 0)
     try:
         for step in jpath:
             if isinstance(step, int):
                 if text[pos] != "[":
                     return pos
-                p = skip(pos + 1)
+                p = _skip_ws(text, pos + 1)
                 for _ in range(step):
                     if text[p] == "]":
                         return pos
                     _, p = decode(text, p)
-                    p = skip(p)
+                    p = _skip_ws(text, p)
                     if text[p] == ",":
-                        p = skip(p + 1)
+                        p = _skip_ws(text, p + 1)
                 if text[p] == "]":
                     return pos
                 pos = p
             else:
                 if text[pos] != "{":
                     return pos
-                p = skip(pos + 1)
+                p = _skip_ws(text, pos + 1)
                 while True:
                     if text[p] == "}":
                         return pos
                     key, p = decode(text, p)
-                    p = skip(p)
-                    p = skip(p + 1)          # the ':'
+                    p = _skip_ws(text, p)
+                    p = _skip_ws(text, p + 1)          # the ':'
                     if key == step:
                         break
                     _, p = decode(text, p)
-                    p = skip(p)
+                    p = _skip_ws(text, p)
                     if text[p] == ",":
-                        p = skip(p + 1)
+                        p = _skip_ws(text, p + 1)
                 pos = p
     except (IndexError, ValueError):
         pass
@@ -1057,18 +1052,13 @@ def _head_format(text: str):
     scan = json.decoder.scanstring
     n = len(text)
 
-    def skip(p: int) -> int:
-        while p < n and text[p] in _WS:
-            p += 1
-        return p
-
     try:
-        p = skip(0)
+        p = _skip_ws(text, 0)
         if text[p] != "{":
             return _UNREADABLE
-        p = skip(p + 1)
+        p = _skip_ws(text, p + 1)
         if text[p] == "}":
-            return None if skip(p + 1) == n else _UNREADABLE
+            return None if _skip_ws(text, p + 1) == n else _UNREADABLE
         while True:
             if text[p] != '"':
                 return _UNREADABLE
@@ -1076,15 +1066,15 @@ def _head_format(text: str):
             fmt = _FORMAT_KEYS.get(key)
             if fmt is not None:
                 return fmt
-            p = skip(p)
+            p = _skip_ws(text, p)
             if text[p] != ":":
                 return _UNREADABLE
-            p = skip(decode(text, skip(p + 1))[1])
+            p = _skip_ws(text, decode(text, _skip_ws(text, p + 1))[1])
             if text[p] == "}":
-                return None if skip(p + 1) == n else _UNREADABLE
+                return None if _skip_ws(text, p + 1) == n else _UNREADABLE
             if text[p] != ",":
                 return _UNREADABLE
-            p = skip(p + 1)
+            p = _skip_ws(text, p + 1)
     except (IndexError, ValueError):
         return _UNREADABLE
 
