@@ -153,5 +153,13 @@ def until(sub: FleetSubscriber, condition, worker: ScriptedWorker | None = None,
     raise AssertionError(f"condition not met within {bound} s")
 
 
+def live_link(worker: ScriptedWorker, sub: FleetSubscriber, worker_id: str = "w"):
+    """The subscriber's link to ``worker`` once the worker's first heartbeat is in."""
+    link = sub.link(worker_id)
+    worker.beat()
+    until(sub, lambda: link.heartbeat is not None)
+    return link
+
+
 def holds(sub: FleetSubscriber, hashes, worker_id: str = "w") -> bool:
     return worker_id in sub.index and set(hashes) <= sub.index.blocks_of(worker_id)

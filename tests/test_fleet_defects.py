@@ -14,7 +14,7 @@ import pytest
 zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
-from fleet_doubles import BOUND_S, Clock, ScriptedWorker, follow, holds, stored, until  # noqa: E402, F401 (follow: a fixture)
+from fleet_doubles import BOUND_S, Clock, ScriptedWorker, follow, holds, live_link, stored, until  # noqa: E402, F401 (follow: a fixture)
 
 from prefixkv import InvalidArgument, KVCacheManager  # noqa: E402
 from prefixkv.events import BlockStored as CoreStored  # noqa: E402
@@ -195,9 +195,7 @@ def test_sustained_overflow_asks_for_one_snapshot_and_keeps_it(follow, monkeypat
     batches (the snapshot covers them) and the reply is kept."""
     worker, sub, clock = follow
     monkeypatch.setattr(subscriber_module, "MAX_PENDING", 2)
-    link = sub.link("w")
-    worker.beat()
-    until(sub, lambda: link.heartbeat is not None)
+    link = live_link(worker, sub)
     worker.publish(stored(1), lost=True)
     for h in range(2, 14):
         worker.publish(stored(h, parent=h - 1))
@@ -223,9 +221,7 @@ def test_a_request_never_answered_is_asked_again_at_a_growing_interval(follow):
     REPLY_TIMEOUT_S for as long as it lived. Asking again backs off, doubling up to
     MAX_RETRY_S; a reply frame starts it over."""
     worker, sub, clock = follow
-    link = sub.link("w")
-    worker.beat()
-    until(sub, lambda: link.heartbeat is not None)
+    link = live_link(worker, sub)
     worker.publish(stored(1), lost=True)
     worker.publish(stored(2, parent=1))
     until(sub, lambda: link.asking == "replay")

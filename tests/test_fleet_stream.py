@@ -19,7 +19,7 @@ from prefixkv.events import BlockStored as CoreStored  # noqa: E402
 from prefixkv.fleet import wire  # noqa: E402
 from prefixkv.fleet.publisher import KVEventPublisher  # noqa: E402
 
-from fleet_doubles import BOUND_S, ScriptedWorker, follow, holds, stored, until  # noqa: E402, F401 (follow: a fixture)
+from fleet_doubles import BOUND_S, ScriptedWorker, follow, holds, live_link, stored, until  # noqa: E402, F401 (follow: a fixture)
 
 
 def _free_port() -> int:
@@ -58,9 +58,7 @@ def test_pending_overflow_during_a_replay_loses_no_batch(follow, monkeypatch):
     be mistaken for one another (a replayed batch read as a snapshot, a snapshot as a batch)."""
     worker, sub, _ = follow
     monkeypatch.setattr(subscriber_module, "MAX_PENDING", 2)
-    link = sub.link("w")
-    worker.beat()
-    until(sub, lambda: link.heartbeat is not None)
+    link = live_link(worker, sub)
     worker.publish(stored(1), lost=True)
     for h in (2, 3, 4):
         worker.publish(stored(h, parent=h - 1))
@@ -74,9 +72,7 @@ def test_pending_overflow_during_a_replay_loses_no_batch(follow, monkeypatch):
 def test_a_replay_asked_of_a_worker_that_then_died_is_asked_again_after_its_restart(follow):
     """The request the dead worker never answered must not block gap repair forever."""
     worker, sub, clock = follow
-    link = sub.link("w")
-    worker.beat()
-    until(sub, lambda: link.heartbeat is not None)
+    link = live_link(worker, sub)
     worker.publish(stored(1), lost=True)
     worker.publish(stored(2, parent=1))
     until(sub, lambda: worker.take_requests() or False)   # asked; the worker dies without answering
@@ -199,9 +195,7 @@ def test_a_snapshot_is_kept_when_an_announced_batch_arrives_after_its_end_marker
     That is not a worker without snapshots (vLLM): the snapshot must stay, and the batch
     must apply when it arrives."""
     worker, sub, _ = follow
-    link = sub.link("w")
-    worker.beat()
-    until(sub, lambda: link.heartbeat is not None)
+    link = live_link(worker, sub)
     worker.publish(stored(1), lost=True)
     del worker.log[0]                                  # gone from the replay buffer: a snapshot is needed
     worker.publish(stored(2, parent=1))

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from fleet_doubles import BOUND_S, follow, stored, until  # noqa: F401 (fixture)
+from fleet_doubles import BOUND_S, follow, live_link, stored, until  # noqa: F401 (fixture)
 from redis_fixtures import needs_redis, redis_server, server  # noqa: F401 (fixtures)
 
 from prefixkv.fleet import subscriber as subscriber_module
@@ -20,9 +20,7 @@ def test_a_request_never_answered_for_hours_does_not_break_poll(follow):
     ~1024 unanswered retries (about 4.5 h at the 16 s cap) the float overflowed and every poll()
     raised OverflowError, for every worker the router follows."""
     worker, sub, clock = follow
-    link = sub.link("w")
-    worker.beat()
-    until(sub, lambda: link.heartbeat is not None)
+    link = live_link(worker, sub)
     worker.publish(stored(1), lost=True)
     worker.publish(stored(2, parent=1))
     until(sub, lambda: link.asking == "replay")
@@ -46,9 +44,7 @@ def test_overflow_while_a_snapshot_is_out_is_not_a_scan_per_batch(follow):
     min(link.pending): a scan of all MAX_PENDING (10,000) keys per batch, exactly when a
     flood arrives. Draining a flood of early batches stays cheap."""
     worker, sub, clock = follow
-    link = sub.link("w")
-    worker.beat()
-    until(sub, lambda: link.heartbeat is not None)
+    link = live_link(worker, sub)
     batch = wire.KVEventBatch(ts=0.0, events=[stored(1)], data_parallel_rank=0)
     limit = subscriber_module.MAX_PENDING
     start = time.perf_counter()
