@@ -86,6 +86,18 @@ def seconds_argument(name: str, value: object, *, zero: bool = False) -> float:
     return number
 
 
+def payload_view(payload: object, index: int, block_bytes: int) -> memoryview:
+    """``payloads[index]`` as a flat byte view of exactly one block (``InvalidArgument`` naming
+    ``payloads`` otherwise): what the staging buffer and the Redis store accept as a block."""
+    try:
+        view = memoryview(payload).cast("B")
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument("payloads", f"payload {index} is not a contiguous buffer: {exc}") from None
+    if view.nbytes != block_bytes:
+        raise InvalidArgument("payloads", f"payload {index} is {view.nbytes} bytes; a block is {block_bytes}")
+    return view
+
+
 def canonical_dtype(dtype: object) -> str:
     """``"bf16"``, ``"bfloat16"`` or ``torch.bfloat16`` -> ``"bfloat16"``; refuses unknown dtypes."""
     name = str(dtype).removeprefix("torch.")

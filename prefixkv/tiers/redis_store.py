@@ -66,7 +66,7 @@ from redis.exceptions import AskError, MovedError, NoScriptError
 from ..errors import InvalidArgument
 from ..hashing import BlockHasher
 from .block_codec import Reject, decode
-from .fingerprint import Fingerprint, int_argument, seconds_argument
+from .fingerprint import Fingerprint, int_argument, payload_view, seconds_argument
 from .redis_keys import DEFAULT_PREFIX, GROUP_MAX_BLOCKS, GROUP_MAX_BYTES, KeySpace, check_prefix
 from .redis_net import (HIREDIS, NETWORK_ERRORS, Node, NodeDown, RemoteTierError, StoreClosed, Timeouts, Topology,
                         masked_url, roundtrip, send_all)
@@ -391,12 +391,7 @@ class RedisBlockStore:
                                            f"{size} bytes ({self.fingerprint.hash_algorithm})")
         views = []
         for j, payload in enumerate(payloads):
-            try:
-                view = memoryview(payload).cast("B")
-            except (TypeError, ValueError) as exc:
-                raise InvalidArgument("payloads", f"payload {j} is not a contiguous buffer: {exc}") from None
-            if view.nbytes != block_bytes:
-                raise InvalidArgument("payloads", f"payload {j} is {view.nbytes} bytes; a block is {block_bytes}")
+            view = payload_view(payload, j, block_bytes)
             if len(chain[start + j]) != size:
                 raise InvalidArgument("chain", f"block hash {start + j} is not {size} bytes "
                                                f"({self.fingerprint.hash_algorithm})")

@@ -31,7 +31,7 @@ import torch
 
 from ..errors import InvalidArgument
 from ..kv.storage import KVStore
-from .fingerprint import LAYOUT_L2BHD, Fingerprint, int_argument
+from .fingerprint import LAYOUT_L2BHD, Fingerprint, int_argument, payload_view
 
 __all__ = ["StagingBuffer", "fingerprint_for"]
 
@@ -96,17 +96,7 @@ class StagingBuffer:
     def _views(self, payloads: Sequence, n: int, what: str) -> list[memoryview]:
         if len(payloads) != n:
             raise InvalidArgument("payloads", f"{len(payloads)} payloads for {n} {what}")
-        views = []
-        for i, p in enumerate(payloads):
-            try:
-                view = memoryview(p).cast("B")
-            except (TypeError, ValueError) as exc:
-                raise InvalidArgument("payloads", f"payload {i} is not a contiguous buffer: {exc}") from None
-            if view.nbytes != self.block_bytes:
-                raise InvalidArgument("payloads", f"payload {i} is {view.nbytes} bytes; a block of this store "
-                                                  f"is {self.block_bytes}")
-            views.append(view)
-        return views
+        return [payload_view(p, i, self.block_bytes) for i, p in enumerate(payloads)]
 
     def pack(self, block_ids: Sequence[int]) -> list[bytes]:
         """Payloads of ``block_ids`` (device -> staging -> one fresh ``bytes`` each)."""
