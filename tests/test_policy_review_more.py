@@ -20,16 +20,22 @@ from prefixkv.policies import ARCPolicy, LRFUPolicy, S3FIFOPolicy, WorkloadPolic
 H = ("h",)
 
 
-def _takeover(policy, hit_first=False):
-    """A 2-block pool: P holds hash H and waits (hit once first if asked), D is an active
-    duplicate of H; one more block is needed, so P is evicted and D takes H over."""
-    pool = BlockPool(2, 4, policy)
+def _waiting_primary(pool, hit_first):
+    """A block publishing H, released (after one hit if asked): a candidate holding H."""
     (p,) = pool.allocate(1)
     pool.publish(p, H, None, 0)
     pool.release([p])
     if hit_first:
         pool.acquire_hits([p])
         pool.release([p])
+    return p
+
+
+def _takeover(policy, hit_first=False):
+    """A 2-block pool: P holds hash H and waits (hit once first if asked), D is an active
+    duplicate of H; one more block is needed, so P is evicted and D takes H over."""
+    pool = BlockPool(2, 4, policy)
+    p = _waiting_primary(pool, hit_first)
     (d,) = pool.allocate(1)
     pool.publish(d, H, None, 0)
     assert pool.lookup(H) == p                     # D is a duplicate, unknown to the policy
@@ -46,12 +52,7 @@ def _return_at_once(policy, hit_first=False):
     """A 1-block pool: P holds H and waits; it is evicted for a block that publishes H again
     (no duplicate: the hash left the cache and came back)."""
     pool = BlockPool(1, 4, policy)
-    (p,) = pool.allocate(1)
-    pool.publish(p, H, None, 0)
-    pool.release([p])
-    if hit_first:
-        pool.acquire_hits([p])
-        pool.release([p])
+    p = _waiting_primary(pool, hit_first)
     (x,) = pool.allocate(1)
     assert x == p and pool.lookup(H) is None
     pool.publish(x, H, None, 0)
