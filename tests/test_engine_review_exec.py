@@ -158,6 +158,21 @@ def test_hf_engine_refuses_a_logits_scaling_it_does_not_know_how_to_apply():
         HFEngineModel(transformers.LlamaForCausalLM(cfg).eval())
 
 
+def _served_within_refused_past(ref, reason):
+    """An engine on ``ref`` (an 8-token chunk or window) generates as ``ref`` does for a prompt inside
+    it and refuses (``reason``) a longer one, failing only that request."""
+    HFEngineModel = _hf_engine_model()
+    engine = Engine.from_model(HFEngineModel(copy.deepcopy(ref)), num_blocks=32, block_size=B,
+                               clock=SimulatedClock())
+    short = [3, 4, 5, 6, 7]
+    assert engine.generate([short], max_new_tokens=3) == [_hf_reference(ref, short, 3)]
+    rid = engine.add_request([3, 4, 5, 6, 7, 8, 9, 10, 11, 12], max_new_tokens=2)
+    with pytest.raises(NotImplementedError, match=reason):
+        engine.run()
+    assert engine.requests[rid].status is RequestStatus.FAILED
+    assert_clean(engine)
+
+
 def _llama4(chunk):
     import transformers
 
@@ -184,17 +199,8 @@ def test_hf_engine_runs_llama4_whose_base_model_prefix_names_no_attribute():
 def test_hf_engine_refuses_sequences_longer_than_an_attention_chunk():
     """Llama 4's chunked layers attend only inside their chunk, which transformers expresses as a
     mask the engine drops: past the chunk the outputs were silently different from the model's."""
-    HFEngineModel = _hf_engine_model()
-    ref = _llama4(chunk=8)
-    engine = Engine.from_model(HFEngineModel(copy.deepcopy(ref)), num_blocks=32, block_size=B,
-                               clock=SimulatedClock())
-    short = [3, 4, 5, 6, 7]
-    assert engine.generate([short], max_new_tokens=3) == [_hf_reference(ref, short, 3)]   # within the chunk
-    rid = engine.add_request([3, 4, 5, 6, 7, 8, 9, 10, 11, 12], max_new_tokens=2)
-    with pytest.raises(NotImplementedError, match="attention chunk"):
-        engine.run()
-    assert engine.requests[rid].status is RequestStatus.FAILED
-    assert_clean(engine)
+    _hf_engine_model()          # skips without transformers or a supported version
+    _served_within_refused_past(_llama4(chunk=8), "attention chunk")
 
 
 def test_hf_engine_refuses_non_attention_layers_up_front():
@@ -332,23 +338,14 @@ def test_hf_engine_refuses_sequences_past_a_window_the_model_applies_only_throug
     """Qwen2-MoE's sliding layers never pass ``sliding_window`` to the attention function (the
     mask alone applies it), so the attention function's window check never fired and sequences
     past the window were silently wrong."""
-    HFEngineModel = _hf_engine_model()
+    _hf_engine_model()          # skips without transformers or a supported version
     import transformers
 
     torch.manual_seed(0)
     cfg = transformers.Qwen2MoeConfig(**_hf_common(), moe_intermediate_size=64, shared_expert_intermediate_size=64,
                                       num_experts=2, num_experts_per_tok=1, use_sliding_window=True,
                                       sliding_window=8, max_window_layers=2)
-    ref = transformers.Qwen2MoeForCausalLM(cfg).eval()
-    engine = Engine.from_model(HFEngineModel(copy.deepcopy(ref)), num_blocks=32, block_size=B,
-                               clock=SimulatedClock())
-    short = [3, 4, 5, 6, 7]
-    assert engine.generate([short], max_new_tokens=3) == [_hf_reference(ref, short, 3)]   # within the window
-    rid = engine.add_request([3, 4, 5, 6, 7, 8, 9, 10, 11, 12], max_new_tokens=2)
-    with pytest.raises(NotImplementedError, match="sliding window"):
-        engine.run()
-    assert engine.requests[rid].status is RequestStatus.FAILED
-    assert_clean(engine)
+    _served_within_refused_past(transformers.Qwen2MoeForCausalLM(cfg).eval(), "sliding window")
 
 
 # -- the executor -------------------------------------------------------------------
