@@ -23,39 +23,11 @@ Raises :class:`PolicyCheckFailed` naming the seed, step and operation.
 
 from __future__ import annotations
 
-import math
-import numbers
 import random
 from dataclasses import dataclass
 from typing import Callable
 
 from .base import EvictionPolicy
-
-
-def number_option(name: str, value, *, low: float | None = None, high: float | None = None,
-                  low_open: bool = False, high_open: bool = False, integer: bool = False):
-    """A policy's numeric option, checked before the policy keeps it: a real number (an integer with
-    ``integer``), not a bool, finite, within ``[low, high]`` (``low_open`` / ``high_open``: the bound
-    itself is out). Anything else raises ``InvalidArgument`` naming the option. Returns the value
-    (with ``integer``, as an int: a numpy int or an integral float such as 2.0 is taken). A NaN fails every
-    comparison, so range checks written as ``if x <= 0: raise`` let it through, and it (or an
-    infinity) surfaced later as a broken sort order or an OverflowError in the middle of a run."""
-    from prefixkv.errors import InvalidArgument
-
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or (
-            integer and not isinstance(value, numbers.Integral) and not (math.isfinite(value) and value == int(value))):
-        # (with ``integer``, an integral float such as 2.0 is the int 2: the options took it before)
-        raise InvalidArgument(name, f"must be {'an int' if integer else 'a number'}, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value):
-        raise InvalidArgument(name, f"must be finite, got {value!r}")
-    if integer:
-        value = int(value)
-    if (low is not None and (value <= low if low_open else value < low)) or (
-            high is not None and (value >= high if high_open else value > high)):
-        lo = "" if low is None else f"{'>' if low_open else '>='} {low}"
-        hi = "" if high is None else f"{'<' if high_open else '<='} {high}"
-        raise InvalidArgument(name, f"must be {' and '.join(x for x in (lo, hi) if x)}, got {value!r}")
-    return value
 
 
 class PolicyCheckFailed(AssertionError):

@@ -40,7 +40,7 @@ from sortedcontainers import SortedList
 
 from .arc import takes_over
 from .base import PolicyBase
-from .check import number_option
+from prefixkv.checks import real
 
 
 class GDSFPolicy(PolicyBase):
@@ -48,8 +48,8 @@ class GDSFPolicy(PolicyBase):
 
     def __init__(self, depth_cost: float | None = None, orphan_factor: float = 0.0, inherit: bool = True) -> None:
         if depth_cost is not None:
-            number_option("depth_cost", depth_cost, low=0.0)
-        number_option("orphan_factor", orphan_factor, low=0.0, high=1.0)
+            real("depth_cost", depth_cost, low=0.0)
+        real("orphan_factor", orphan_factor, low=0.0, high=1.0)
         self._depth_cost_option = depth_cost
         self.depth_cost = 0.0 if depth_cost is None else depth_cost
         self.orphan_factor = orphan_factor

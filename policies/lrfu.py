@@ -73,7 +73,7 @@ from sortedcontainers import SortedList
 
 from .arc import takes_over
 from .base import PolicyBase
-from .check import number_option
+from prefixkv.checks import real
 
 _FLOOR = 1e-3  # reuse estimates are floored here for the log ratio (a leaf penalty of at most ~10 half-lives)
 
@@ -97,14 +97,14 @@ class LRFUPolicy(PolicyBase):
         for name, value in (("half_life", half_life), ("ghost", ghost), ("step", step), ("memory", memory),
                             ("reuse_distance", reuse_distance), ("window", window), ("rate", rate)):
             if value is not None:
-                number_option(name, value)   # a number, finite: the lengths below are ints of them
+                real(name, value)   # a number, finite: the lengths below are ints of them
         if (half_life <= 0 or ghost < 0 or step < 0 or memory <= 0 or window <= 0 or not 0.0 < rate <= 1.0
                 or (reuse_distance is not None and reuse_distance <= 0)):
             raise ValueError("need half_life, memory, window, reuse_distance > 0, ghost, step >= 0 "
                              "and 0 < rate <= 1")
         # the median moves by a factor exp(+-step) per observation: a larger step overflows it within
         # a few observations (and is no approximation of anything)
-        number_option("step", step, high=1.0)
+        real("step", step, high=1.0)
         self.half_life = half_life
         self.ghost = ghost
         self.step = step

@@ -36,7 +36,7 @@ from sortedcontainers import SortedDict
 
 from .arc import takes_over
 from .base import PolicyBase
-from .check import number_option
+from prefixkv.checks import integer, real
 
 _SMALL, _MAIN = 0, 1
 
@@ -45,9 +45,9 @@ class S3FIFOPolicy(PolicyBase):
     name = "s3fifo"
 
     def __init__(self, small_fraction: float = 0.1, move_threshold: int = 1, max_freq: int = 3) -> None:
-        number_option("small_fraction", small_fraction, low=0.0, high=1.0, low_open=True, high_open=True)
-        move_threshold = number_option("move_threshold", move_threshold, low=1, integer=True)
-        max_freq = number_option("max_freq", max_freq, low=move_threshold, integer=True)
+        real("small_fraction", small_fraction, low=0.0, high=1.0, low_open=True, high_open=True)
+        move_threshold = integer("move_threshold", move_threshold, low=1, integral_float=True)
+        max_freq = integer("max_freq", max_freq, low=move_threshold, integral_float=True)
         self.small_fraction = small_fraction
         self.move_threshold = move_threshold
         self.max_freq = max_freq

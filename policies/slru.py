@@ -27,16 +27,16 @@ from collections import OrderedDict
 
 from .arc import takes_over
 from .base import PolicyBase
-from .check import number_option
+from prefixkv.checks import integer, real
 
 
 class SLRUPolicy(PolicyBase):
     name = "slru"
 
     def __init__(self, protected_fraction: float = 0.5, protected_size: int | None = None) -> None:
-        number_option("protected_fraction", protected_fraction, low=0.0, high=1.0)
+        real("protected_fraction", protected_fraction, low=0.0, high=1.0)
         if protected_size is not None:
-            protected_size = number_option("protected_size", protected_size, low=0, integer=True)
+            protected_size = integer("protected_size", protected_size, low=0, integral_float=True)
         self.protected_fraction = protected_fraction
         self.protected_size = protected_size
         self._limit = protected_size if protected_size is not None else 1 << 62

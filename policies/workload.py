@@ -54,7 +54,7 @@ from sortedcontainers import SortedDict
 
 from .arc import takes_over
 from .base import PolicyBase
-from .check import number_option
+from prefixkv.checks import real
 
 _CLAMP = 1e-6  # estimates are kept inside [_CLAMP, 1 - _CLAMP] for the log-odds
 
@@ -64,10 +64,10 @@ class WorkloadPolicy(PolicyBase):
 
     def __init__(self, rate: float = 0.05, prior: float = 0.5, horizon: float = 0.1, window: float = 2.0,
                  by_depth: bool = False) -> None:
-        number_option("rate", rate, low=0.0, high=1.0, low_open=True)
-        number_option("prior", prior, low=0.0, high=1.0)
-        number_option("horizon", horizon, low=0.0, low_open=True)
-        number_option("window", window, low=0.0, low_open=True)
+        real("rate", rate, low=0.0, high=1.0, low_open=True)
+        real("prior", prior, low=0.0, high=1.0)
+        real("horizon", horizon, low=0.0, low_open=True)
+        real("window", window, low=0.0, low_open=True)
         self.rate = rate
         self.horizon = horizon
         self.window = window

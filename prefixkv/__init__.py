@@ -1,7 +1,8 @@
 """prefixkv: a prefix-caching, paged KV-cache store for LLM inference.
 
 The core (manager, pool, policies, sizing) needs only numpy, xxhash and
-sortedcontainers; torch and cupy are optional extras for storage and attention.
+sortedcontainers, and imports no other part: numba (the flat index, ``prefixkv.flat``), the
+trace lab (``prefixkv.sim``), the tiers, torch and cupy load only where they are used.
 """
 
 from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidArgument, InvalidTokens, InvariantViolation,
@@ -10,14 +11,11 @@ from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidArgument
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .hashing import BlockHasher, ExtraKeys, MultiModalItem
 from .manager import KVCacheManager, PrefixMatch
-from .policies import SessionHint
+from .policies.base import SessionHint
 from .pool import BlockPool
 from .prompt import Prompt
 from .sizing import KVSpec, Plan, format_size, parse_size, plan, tail_waste
 from .stats import CacheStats
-from .sim.traces import Trace, TraceFormatError, TraceRequest, load_trace
-from .sim.replay import ReplayResult, replay
-from .sim.workloads import DEFAULT_WORKLOAD, WorkloadConfig, generate_trace
 
 __version__ = "0.1.0"
 
@@ -28,6 +26,4 @@ __all__ = [
     "PrefixKVError", "PolicyError", "OutOfBlocks", "SequenceTooLong", "UnknownSequence", "SequencePreempted", "DuplicateSequence",
     "InvalidTokens", "CacheBusy", "InvariantViolation", "HashMismatch", "InvalidArgument", "NoHostBlocks",
     "SessionHint",
-    "Trace", "TraceRequest", "TraceFormatError", "load_trace", "replay", "ReplayResult",
-    "WorkloadConfig", "DEFAULT_WORKLOAD", "generate_trace",
 ]

@@ -8,71 +8,45 @@ written for the user instead.
 from __future__ import annotations
 
 import argparse
-import math
 
+from .checks import integer, real
+from .errors import InvalidArgument
 from .sizing import DTYPE_BYTES, parse_size
 
 
-def positive_int(text: str) -> int:
+def _parsed(text: str, parse, check, expected: str):
+    """``check(parse(text))``, or the ArgumentTypeError that says what was ``expected``."""
     try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+        return check(parse(text))
+    except (ValueError, InvalidArgument):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    return _parsed(text, int, lambda v: integer("value", v, low=1), "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
+    return _parsed(text, int, lambda v: integer("value", v, low=0), "a non-negative integer")
 
 
 def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
+    return _parsed(text, float, lambda v: real("value", v, low=0, low_open=True), "a positive number")
 
 
 def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
-    return value
+    return _parsed(text, float, lambda v: real("value", v, low=0), "a finite number >= 0")
 
 
 def seed(text: str) -> int:
     """A random seed torch, numpy and the engine all take: an integer in [0, 2**63)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value < 2**63:
-        raise argparse.ArgumentTypeError(f"expected an integer seed from 0 to 2**63 - 1, got {text!r}")
-    return value
+    return _parsed(text, int, lambda v: integer("value", v, low=0, high=2**63 - 1),
+                   "an integer seed from 0 to 2**63 - 1")
 
 
 def fraction(text: str) -> float:
     """A fraction in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
-    return value
+    return _parsed(text, float, lambda v: real("value", v, low=0, high=1, high_open=True), "a fraction in [0, 1)")
 
 
 def size(text: str) -> int:

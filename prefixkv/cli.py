@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 
 from . import __version__
+from .command import run
 from .argtypes import (fraction, model_spec, non_negative_float, non_negative_int, positive_int, positive_size, seed,
                        size)
-from .errors import PrefixKVError
 from .sizing import KVSpec, format_size, parse_size, plan
 
 DESCRIPTION = ("prefixkv: a prefix-caching, paged KV-cache store. Size a pool (plan), check the block "
@@ -586,37 +585,8 @@ def _cmd_generate(args) -> int:
     return cmd_generate(args)
 
 
-_NEGATIVE_VALUE = re.compile(r"^-\d")
-
-
-def _attach_negative_values(argv: list[str]) -> list[str]:
-    """``--pool -1GiB`` as ``--pool=-1GiB``: argparse takes ``-1GiB`` for an option and says only
-    "expected one argument"; attached, the option's own check names the bad value."""
-    out: list[str] = []
-    for item in argv:
-        if out and _NEGATIVE_VALUE.match(item) and out[-1].startswith("--") and "=" not in out[-1]:
-            out[-1] = f"{out[-1]}={item}"
-        else:
-            out.append(item)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
-    try:
-        parser = build_parser()
-        args = parser.parse_args(_attach_negative_values(sys.argv[1:] if argv is None else list(argv)))
-        try:
-            return args.func(args)
-        except BrokenPipeError:  # `prefixkv ... | head`: the reader left; not an error of ours
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
-        except (PrefixKVError, ValueError, OSError, RuntimeError) as exc:
-            parser.exit(2, f"prefixkv {args.command}: error: {exc}\n")
-    except KeyboardInterrupt:
-        # Ctrl-C: one line and the shell's status for SIGINT, no traceback; outputs were written
-        # atomically, so nothing partial is left behind.
-        print("interrupted", file=sys.stderr)
-        return 130
+    return run(build_parser(), sys.argv[1:] if argv is None else list(argv))
 
 
 if __name__ == "__main__":

@@ -33,12 +33,13 @@ import numpy as np
 
 from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidArgument, InvariantViolation,
                       NoHostBlocks, OutOfBlocks, PolicyError, SequencePreempted, SequenceTooLong, UnknownSequence)
+from .checks import integer
 from .copies import BlockCopies
-from .flat.index import HashRows
 from .events import KVEvent
 from .hashing import (NO_EXTRA_KEYS, TOKEN_TYPECODE, BlockHasher, ExtraKeys, as_hash_list, encode_tokens,
                       repeated_hash)
-from .policies import SessionHint, make_policy
+from .policies.base import SessionHint
+from .policies.registry import make_policy
 from .pool import BlockPool
 from .prompt import Prompt
 from .stats import CacheStats
@@ -151,21 +152,14 @@ class KVCacheManager:
         # InvalidArgument is both a TypeError and a ValueError: what these checks raised before.
         # numpy integers (a config read with numpy) are taken as the equal ints, as BlockHasher,
         # BlockPool and KVStore take them; numpy booleans are not numpy integers.
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
-                            ("num_host_blocks", num_host_blocks)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise InvalidArgument(name, f"must be an int, got {type(value).__name__} {value!r}")
-        num_blocks, block_size, num_host_blocks = int(num_blocks), int(block_size), int(num_host_blocks)
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
-            if value <= 0:
-                raise InvalidArgument(name, f"must be positive, got {value}")
-        if num_host_blocks < 0:
-            raise InvalidArgument("num_host_blocks", f"must be >= 0, got {num_host_blocks}")
-        if hash_seed is not None and (isinstance(hash_seed, bool) or not isinstance(hash_seed, (int, np.integer))):
-            raise InvalidArgument("hash_seed", f"must be an int or None, got {type(hash_seed).__name__} "
-                                               f"{hash_seed!r}")
+        # every type first, then every range (the order these checks named a problem in before)
+        num_blocks, block_size, num_host_blocks = (integer(name, value) for name, value in (
+            ("num_blocks", num_blocks), ("block_size", block_size), ("num_host_blocks", num_host_blocks)))
+        integer("num_blocks", num_blocks, low=1)
+        integer("block_size", block_size, low=1)
+        integer("num_host_blocks", num_host_blocks, low=0)
         if hash_seed is not None:
-            hash_seed = int(hash_seed)
+            hash_seed = integer("hash_seed", hash_seed)
         from .hashing import HASH_ALGORITHMS      # named here, not as BlockHasher's "algorithm"
         if not isinstance(hash_algorithm, str) or hash_algorithm not in HASH_ALGORITHMS:
             raise InvalidArgument("hash_algorithm", f"unknown hash algorithm {hash_algorithm!r}; choose from "
@@ -303,20 +297,13 @@ class KVCacheManager:
 
     # -- questions -----------------------------------------------------------
     def _keys(self, prompt: Prompt) -> Sequence[Hashable]:
-        """The prompt's block hashes in the form the pools probe fastest: a flat index's rows (joined
-        once per prompt, kept on it), else the list itself."""
+        """The prompt's block hashes in the form the pools probe fastest (``BlockPool.probe_keys``:
+        a flat index's rows, joined once per prompt and kept on it; else the list itself)."""
         if not self.pool._index_stores_hashes:
             return prompt.block_hashes()    # a dict index probes the hash objects themselves
         keys = prompt.keys
         if keys is None:
-            hashes = prompt.block_hashes()
-            keys = hashes
-            if self.pool._index_stores_hashes and len(hashes) > 1:
-                try:
-                    keys = HashRows.tagged(self.pool.index.column(hashes))
-                except (TypeError, ValueError):     # not this index's digests: none is cached here
-                    pass
-            prompt.keys = keys
+            keys = prompt.keys = self.pool.probe_keys(prompt.block_hashes())
         return keys
 
     def _lookup(self, prompt: Prompt, compute_last_token: bool) -> list[int]:
@@ -357,15 +344,9 @@ class KVCacheManager:
         # The common shape, told in C: one run on the host right after the device hits, with no
         # device block inside it or right after it.
         keys = self._keys(prompt)
-        if type(keys) is HashRows and keys.tags is not None and host.pool._index_stores_hashes:
-            # both indexes flat: the host's run and the device's absence from it in one pass
-            if host.pool.lookup(hashes[start]) is None:
-                return _NO_LOWER
-            run, outside = host.pool.index.lookup_run_outside(self.pool.index, keys.rows[start:limit],
-                                                              keys.tags[start:limit])
-        else:
-            run = host.pool.leading_run(keys, start, limit)
-            outside = None
+        if host.pool.lookup(hashes[start]) is None:
+            return _NO_LOWER
+        run, outside = host.pool.leading_run_outside(self.pool, keys, start, limit)
         if not len(run):
             return _NO_LOWER
         end = start + len(run)
@@ -504,12 +485,7 @@ class KVCacheManager:
         pool.acquire_hits(device, distinct=True)
         if num_loads:
             # before the device allocates: its demotions must not take them
-            keys = prompt.keys
-            if (type(indices) is range and type(keys) is HashRows and keys.tags is not None
-                    and self.host.pool._index_stores_hashes):
-                self.host.pin(sources, distinct=True, tags=keys.tags[indices.start:indices.stop])
-            else:
-                self.host.pin(sources, distinct=True)
+            self.host.pin(sources, distinct=True, tags=self.host.pool.key_tags(prompt.keys, indices))
         num_hits = len(hits)
         size = self.block_size
         try:
@@ -662,12 +638,8 @@ class KVCacheManager:
         seq = self._running(seq_id)
         if seq.tokens is not None:
             raise TypeError(f"sequence {seq_id!r} holds token ids; use append")
-        if type(num_tokens) is not int:     # (a float would size blocks; a string failed in '<')
-            if isinstance(num_tokens, bool) or not isinstance(num_tokens, np.integer):
-                raise InvalidArgument("num_tokens", f"must be an int, got {type(num_tokens).__name__} {num_tokens!r}")
-            num_tokens = int(num_tokens)
-        if num_tokens < 0:
-            raise InvalidArgument("num_tokens", f"must be >= 0, got {num_tokens}")
+        if type(num_tokens) is not int or num_tokens < 0:     # (a float would size blocks)
+            num_tokens = integer("num_tokens", num_tokens, low=0)
         size = self.block_size
         old_full = seq.num_tokens // size
         newly_full = (seq.num_tokens + num_tokens) // size - old_full

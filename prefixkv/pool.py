@@ -27,8 +27,8 @@ from itertools import compress, repeat
 from operator import itemgetter
 from typing import Any, Hashable, Iterable, Sequence
 
-import numpy as np
 
+from .checks import integer
 from .errors import InvalidArgument, InvariantViolation, OutOfBlocks, PolicyError
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .hashing import ExtraKeys
@@ -48,17 +48,6 @@ def _batch_method(policy, single: str, batch: str):
 _MAP_OUTGROWS_CACHES = 1 << 16
 _MAP_OUTGROWS_LLC = 1 << 19
 
-
-def _size(name: str, value) -> int:
-    """A positive size as an int: a numpy integer is taken, a bool, a float or a string refused
-    (``InvalidArgument``: the TypeError a comparison with 0 raised, or the ValueError a size below 1
-    raised, before it named the argument)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidArgument(name, f"must be an int, got {type(value).__name__} {value!r}")
-    value = int(value)
-    if value <= 0:
-        raise InvalidArgument(name, f"must be positive, got {value}")
-    return value
 
 
 def gather(values: Sequence, indices: Sequence[int]) -> Sequence:
@@ -93,7 +82,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, block_size: int, policy, *, verify: bool = False,
                  record_events: bool = False, track_reuse: bool = False, medium: str | None = None) -> None:
-        num_blocks, block_size = _size("num_blocks", num_blocks), _size("block_size", block_size)
+        num_blocks, block_size = integer("num_blocks", num_blocks, low=1), integer("block_size", block_size, low=1)
         if getattr(policy, "pool", None) is not None:
             # (before anything is built) InvalidArgument is the ValueError this raised before
             raise InvalidArgument("policy", f"this {type(policy).__name__} object already serves another pool; a "
@@ -293,6 +282,23 @@ class BlockPool:
 
     def cache_run(self, hashes: list[Hashable], parents: list[Hashable | None], depths: list[int]) -> Sequence[int]:
         return self.cache_many(hashes, parents, depths)
+
+    def probe_keys(self, hashes: list[Hashable]) -> Sequence[Hashable]:
+        """``hashes`` in the form this pool's index probes fastest, for a caller that probes the
+        same prompt again and again (the manager keeps it on the prompt): the list itself here."""
+        return hashes
+
+    def leading_run_outside(self, other: BlockPool, keys: Sequence[Hashable], start: int,
+                            limit: int) -> tuple[Sequence[int], bool | None]:
+        """``leading_run(keys, start, limit)``, and whether ``other`` holds none of that run's
+        hashes where this pool can tell it in the same pass (None: not told; the caller asks
+        ``other.holds_none``)."""
+        return self.leading_run(keys, start, limit), None
+
+    def key_tags(self, keys: Sequence[Hashable], indices: Sequence[int]):
+        """What ``take_cached`` can reuse of ``probe_keys`` for the blocks found by
+        ``keys[indices]`` (a flat index's tags), or None."""
+        return None
 
     def holds_none(self, hashes: Iterable[Hashable]) -> bool:
         """No hash of ``hashes`` is cached here."""

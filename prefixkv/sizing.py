@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from numbers import Integral
 
+from .checks import integer
 from .errors import InvalidArgument
 
 DTYPE_BYTES = {
@@ -63,13 +64,6 @@ def format_size(num_bytes: int) -> str:
     return f"{num_bytes:,} B"
 
 
-def _check_count(name: str, value, positive: bool = False) -> None:
-    """``value`` must be an int (not a bool) >= 0, or > 0 when ``positive`` (``InvalidArgument``
-    naming ``name``: a ValueError, what this raised before it named the argument)."""
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < (1 if positive else 0):
-        raise InvalidArgument(name, f"must be {'a positive' if positive else 'a non-negative'} integer, "
-                                    f"got {value!r}")
-
 
 @dataclass(frozen=True, slots=True)
 class KVSpec:
@@ -115,11 +109,11 @@ class KVSpec:
         return 2 * self.layers * self.kv_heads_per_gpu * self.head_dim * self.dtype_bytes
 
     def bytes_per_block(self, block_size: int) -> int:
-        _check_count("block_size", block_size, positive=True)
+        integer("block_size", block_size, low=1)
         return self.bytes_per_token * block_size
 
     def num_blocks(self, pool_bytes: int, block_size: int) -> int:
-        _check_count("pool_bytes", pool_bytes)
+        integer("pool_bytes", pool_bytes, low=0)
         return pool_bytes // self.bytes_per_block(block_size)
 
 
@@ -160,10 +154,10 @@ def plan(spec: KVSpec, block_size: int, pool_bytes: int, prompt_tokens: int, hos
     """How many requests of ``prompt_tokens`` fit, each in whole blocks, no sharing; and how many
     blocks a host pool of ``host_pool_bytes`` holds."""
     # (a float block size planned fractional blocks; a string failed in '<=' as a bare TypeError)
-    _check_count("block_size", block_size, positive=True)
-    _check_count("prompt_tokens", prompt_tokens, positive=True)
-    _check_count("pool_bytes", pool_bytes)
-    _check_count("host_pool_bytes", host_pool_bytes)
+    integer("block_size", block_size, low=1)
+    integer("prompt_tokens", prompt_tokens, low=1)
+    integer("pool_bytes", pool_bytes, low=0)
+    integer("host_pool_bytes", host_pool_bytes, low=0)
     per_block = spec.bytes_per_block(block_size)
     num_blocks = pool_bytes // per_block
     per_request = -(-prompt_tokens // block_size)
@@ -181,7 +175,7 @@ def plan(spec: KVSpec, block_size: int, pool_bytes: int, prompt_tokens: int, hos
 
 def tail_waste(lengths: list[int], block_size: int) -> dict:
     """Blocks, slots, useful slots and empty tail slots for sequences of ``lengths``."""
-    _check_count("block_size", block_size, positive=True)
+    integer("block_size", block_size, low=1)
     if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
         raise InvalidArgument("lengths", f"expected a sequence of lengths, got {type(lengths).__name__}")
     lengths = list(lengths)     # (a generator: read once, used three times below)

@@ -22,7 +22,8 @@ PACKAGE = ROOT / "prefixkv"
 CORE = ["prefixkv", "prefixkv.hashing", "prefixkv.prompt", "prefixkv.pool", "prefixkv.manager",
         "prefixkv.events", "prefixkv.stats", "prefixkv.errors", "prefixkv.sizing", "prefixkv.costs"]
 FACES = ["prefixkv.cli", "prefixkv.__main__", "prefixkv.console", "prefixkv.argtypes"]
-HEAVY = ["torch", "cupy", "transformers", "matplotlib", "redis", "zmq"]
+# numba too: it compiles the flat index (prefixkv.flat), which the manager loads only when it builds one
+HEAVY = ["torch", "cupy", "transformers", "matplotlib", "redis", "zmq", "numba"]
 
 # Which folders may import torch / cupy (the KV layer and what runs models or copies KV).
 TORCH_ALLOWED = ("kv", "engine", "integrations", "bench", "tiers")
@@ -52,9 +53,19 @@ def test_trace_lab_and_policies_import_nothing_heavy():
     assert _unimported_after(lab + policies) == []
 
 
-def _imports(path: pathlib.Path, source: str | None = None) -> list[tuple[str, int, bool]]:
-    """(absolute module name, line, under ``if TYPE_CHECKING``) for every import in ``path``."""
+def _imports(path: pathlib.Path, source: str | None = None, *, at_import: bool = False) -> list[tuple[str, int, bool]]:
+    """(absolute module name, line, under ``if TYPE_CHECKING``) for every import in ``path``;
+    ``at_import``: only those that run when the module is imported (not inside a function)."""
     tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
+    if at_import:
+        def shallow(node):
+            yield node
+            for child in ast.iter_child_nodes(node):
+                if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                    yield from shallow(child)
+        walk = shallow
+    else:
+        walk = ast.walk
     package = path.relative_to(ROOT).with_suffix("").parts
     package = ("prefixkv", *package[1:]) if package[0] == "policies" else package
     package = package[:-1]
@@ -63,7 +74,7 @@ def _imports(path: pathlib.Path, source: str | None = None) -> list[tuple[str, i
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
             type_only.update(id(n) for child in node.body for n in ast.walk(child))
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Import):
             found += [(alias.name, node.lineno, id(node) in type_only) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -131,3 +142,132 @@ def test_the_import_reader_sees_lazy_imports_and_skips_type_only_ones(source, ex
     names = [name for name, _, type_only in _imports(PACKAGE / "sim" / "probe.py", source)
              if not type_only and not name.startswith("typing")]
     assert names == expect
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = ("prefixkv", "policies", *parts[1:]) if parts[0] == "policies" else parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(paths: list[pathlib.Path]) -> dict[str, set[str]]:
+    """Module -> the modules of ``paths`` it imports (anywhere in it, a function included; not
+    type-only imports). ``from pkg import name`` is an edge to ``pkg.name`` when that is a module,
+    else to ``pkg`` (whose ``__init__`` then runs for the name); the parent package a submodule's
+    import runs first is Python's loading order, not a dependency, and is no edge."""
+    modules = {_module_name(p): p for p in paths}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        type_only = {id(n) for node in ast.walk(tree)
+                     if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test)
+                     for child in node.body for n in ast.walk(child)}
+        edges: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in type_only:
+                continue
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names if alias.name in modules)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = ".".join(package[:len(package) - node.level + 1])
+                    base = f"{parent}.{base}" if base else parent
+                for alias in node.names:
+                    target = f"{base}.{alias.name}"
+                    edges.add(target if target in modules else base)
+        graph[name] = {m for m in edges if m in modules and m != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = _import_graph(_sources(PACKAGE, ROOT / "policies"))
+    assert len(graph) > 100 and "prefixkv.policies.check" in graph["prefixkv.policies"]
+    assert _cycles(graph) == []
+
+
+@pytest.mark.parametrize("graph, expect", [
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+    ({"a": {"b"}, "b": set(), "c": {"b"}}, []),
+    ({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"c", "a"}}, [["a", "b"], ["c", "d"]]),
+])
+def test_the_cycle_finder_finds_cycles(graph, expect):
+    assert sorted(_cycles(graph)) == expect
+
+
+def test_the_core_imports_only_the_core_and_policies():
+    """What ``import prefixkv`` runs: the top-level modules import no part (flat, sim, tiers, ...) when
+    they load; a part a call needs (the flat index for ``index='flat'``) is imported by that call."""
+    core = {_module_name(p) for p in PACKAGE.glob("*.py")}
+    wrong = [f"{p.relative_to(ROOT)}:{line} imports {name}"
+             for p in sorted(PACKAGE.glob("*.py")) if p.stem not in ("cli", "__main__")
+             for name, line, type_only in _imports(p, at_import=True)
+             if not type_only and name.startswith("prefixkv.") and not name.startswith("prefixkv.policies")
+             and name not in core and name.rsplit(".", 1)[0] not in core]       # (a module, or a name in one)
+    assert wrong == []
+    assert _imports(PACKAGE / "sim" / "probe.py", "def f():\n    from .. import flat\n", at_import=True) == []
+
+
+NUMBA_BLOCKED = """
+import sys
+sys.modules["numba"] = None         # as where numba is not installed: importing it raises ImportError
+import prefixkv
+mgr = prefixkv.KVCacheManager(64, 16)
+assert mgr.admit("r", list(range(40))) == 0
+mgr.free("r")
+assert mgr.admit("s", list(range(40))) == 32
+mgr.check_invariants()
+print(type(mgr.pool).__name__, sorted(m for m in ("numba", "prefixkv.flat", "prefixkv.sim") if sys.modules.get(m)))
+"""
+
+
+def test_a_manager_runs_where_numba_is_missing():
+    out = subprocess.run([sys.executable, "-c", NUMBA_BLOCKED], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    pool, loaded = out.stdout.split(maxsplit=1)
+    # the dict index serves; the flat index's package may load (it reports numba missing), numba not
+    assert pool == "BlockPool" and loaded.strip() in ("[]", "['prefixkv.flat']"), out.stdout

@@ -36,8 +36,8 @@ def test_a_preempted_sequence_is_not_reported_unknown():
 
 
 @pytest.mark.parametrize("args,argument,message", [
-    ((2.5, 16), "num_blocks", r"num_blocks: must be an int, got float 2\.5"),
-    ((8, "16"), "block_size", "block_size: must be an int, got str '16'")])
+    ((2.5, 16), "num_blocks", r"num_blocks: must be an integer, got float 2\.5"),
+    ((8, "16"), "block_size", "block_size: must be an integer, got str '16'")])
 def test_manager_refuses_non_integer_sizes(args, argument, message):
     # an InvalidArgument naming the size, still a TypeError as before
     with pytest.raises(TypeError, match=message) as info:

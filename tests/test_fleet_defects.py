@@ -339,9 +339,9 @@ def _fleet_config(**kwargs):
     (lambda: _index(predict_ttl="30"), "predict_ttl", "number"),
     (lambda: _index_apply([object()]), "events", "object"),
     (lambda: wire.to_wire([object()], block_size=4), "events", "object"),
-    (lambda: _fleet_config(replicas=0), "replicas", ">= 1"),
+    (lambda: _fleet_config(replicas=0), "replicas", "must be positive"),
     (lambda: _fleet_config(capacity=2.5), "capacity", "integer"),
-    (lambda: _fleet_config(speedup=0), "speedup", "> 0"),
+    (lambda: _fleet_config(speedup=0), "speedup", "must be positive"),
 ])
 def test_bad_arguments_are_refused_with_invalid_argument_naming_them(call, argument, fragment):
     with pytest.raises(InvalidArgument) as info:

@@ -1219,7 +1219,7 @@ def test_entry_points_add_policies_without_overriding_builtins(monkeypatch):
 
     points = [_FakeEntryPoint("mine", Mine), _FakeEntryPoint("lru", Mine),
               _FakeEntryPoint("broken", ImportError("no module named thirdparty"))]
-    monkeypatch.setattr(policies_module, "entry_points",
+    monkeypatch.setattr(policies_module.registry, "entry_points",
                         lambda group: points if group == policies_module.ENTRY_POINT_GROUP else [])
     registry = PolicyRegistry({"lru": LRUPolicy})
     with pytest.warns(RuntimeWarning, match="broken"):

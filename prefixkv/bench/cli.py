@@ -10,6 +10,7 @@ import os
 import sys
 import time
 
+from ..command import run
 from ..argtypes import model_spec, positive_float, positive_int, positive_size, size
 from ..sizing import DTYPE_BYTES, KVSpec, format_size
 
@@ -240,9 +241,9 @@ def add_bench_command(subparsers) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """``prefixkv bench ARGS`` (``python -m prefixkv.bench.cli ARGS``)."""
-    from ..cli import main as prefixkv_main
-
-    return prefixkv_main(["bench", *(argv if argv is not None else sys.argv[1:])])
+    parser = argparse.ArgumentParser(prog="prefixkv")
+    add_bench_command(parser.add_subparsers(dest="command", required=True))
+    return run(parser, ["bench", *(argv if argv is not None else sys.argv[1:])])
 
 
 if __name__ == "__main__":

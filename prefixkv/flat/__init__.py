@@ -29,5 +29,5 @@ def make_policy(policy):
     if policy == "lru":
         from .lru import CompiledLRU
         return CompiledLRU()
-    from ..policies import make_policy as by_name
+    from ..policies.registry import make_policy as by_name
     return by_name(policy) if isinstance(policy, str) else policy

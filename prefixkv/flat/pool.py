@@ -188,6 +188,28 @@ class FlatBlockPool(BlockPool):
             return index_blocks(super().leading_hits(hashes, start, limit))
         return self.index.lookup_run_array(q, _tags(hashes, start, limit))
 
+    def probe_keys(self, hashes: list[Hashable]) -> Sequence[Hashable]:
+        """The hashes' key rows with their tags (``HashRows``), joined once; the list itself for
+        one hash, or for hashes that are not digests of this width (none of those is cached)."""
+        if len(hashes) > 1:
+            try:
+                return HashRows.tagged(self.index.column(hashes))
+            except (TypeError, ValueError):
+                pass
+        return hashes
+
+    def leading_run_outside(self, other: BlockPool, keys: Sequence[Hashable], start: int,
+                            limit: int) -> tuple[Sequence[int], bool | None]:
+        if type(keys) is HashRows and keys.tags is not None and isinstance(other, FlatBlockPool):
+            # both indexes flat: the run here and the other index's absence from it in one pass
+            return self.index.lookup_run_outside(other.index, keys.rows[start:limit], keys.tags[start:limit])
+        return super().leading_run_outside(other, keys, start, limit)
+
+    def key_tags(self, keys: Sequence[Hashable], indices: Sequence[int]):
+        if type(indices) is range and type(keys) is HashRows and keys.tags is not None:
+            return keys.tags[indices.start:indices.stop]
+        return None
+
     def holds_none(self, hashes: Iterable[Hashable]) -> bool:
         if type(hashes) is not HashRows:
             hashes = list(hashes)

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import heapq
 import math
-import numbers
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
-from typing import Hashable
 
 import numpy as np
 
+from ..checks import integer, real
 from ..costs import CostParams, load_params
 from ..errors import InvalidArgument
 from ..manager import KVCacheManager
@@ -61,36 +60,15 @@ class FleetConfig:
     def __post_init__(self) -> None:
         # Every number checked here, naming its field: nan, inf, booleans and fractions were taken
         # as given (speedup 0 divided by zero mid-run, nan or negative speedups gave meaningless costs).
-        for name in ("replicas", "capacity", "event_delay", "seed"):
-            _check_integer(name, getattr(self, name))
-        if self.replicas < 1:
-            raise InvalidArgument("replicas", f"must be >= 1, got {self.replicas}")
-        if self.capacity < 1:
-            raise InvalidArgument("capacity", f"must be >= 1 block, got {self.capacity}")
-        if self.event_delay < 0:
-            raise InvalidArgument("event_delay", f"must be >= 0 requests, got {self.event_delay}")
-        for name in ("predict_ttl_s", "lower_tier_credit", "decode_share", "guard_slack", "speedup"):
-            _check_real(name, getattr(self, name))
-        if not math.isfinite(self.speedup) or self.speedup <= 0:
-            raise InvalidArgument("speedup", f"must be a finite number > 0, got {self.speedup!r}")
-        if not self.predict_ttl_s > 0:          # inf: predictions never expire
-            raise InvalidArgument("predict_ttl_s", f"must be > 0 seconds, got {self.predict_ttl_s!r}")
-        if not 0 <= self.lower_tier_credit <= 1:
-            raise InvalidArgument("lower_tier_credit", f"must be in [0, 1], got {self.lower_tier_credit!r}")
-        if not (math.isfinite(self.decode_share) and self.decode_share >= 0):   # inf x 0 running: nan loads
-            raise InvalidArgument("decode_share", f"must be a finite number >= 0, got {self.decode_share!r}")
-        if not self.guard_slack >= 0:           # inf: no guard
-            raise InvalidArgument("guard_slack", f"must be >= 0, got {self.guard_slack!r}")
-
-
-def _check_integer(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidArgument(name, f"must be an integer, got {value!r}")
-
-
-def _check_real(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidArgument(name, f"must be a number, got {value!r}")
+        integer("replicas", self.replicas, low=1)
+        integer("capacity", self.capacity, low=1)
+        integer("event_delay", self.event_delay, low=0)
+        integer("seed", self.seed)
+        real("speedup", self.speedup, low=0, low_open=True)
+        real("lower_tier_credit", self.lower_tier_credit, low=0, high=1)
+        real("decode_share", self.decode_share, low=0)      # (inf x 0 running: nan loads)
+        real("predict_ttl_s", self.predict_ttl_s, low=0, low_open=True, finite=False)   # inf: never expire
+        real("guard_slack", self.guard_slack, low=0, finite=False)                      # inf: no guard
 
 
 @dataclass

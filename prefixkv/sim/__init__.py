@@ -3,3 +3,10 @@ generator (``workloads``), one replay through the real manager (``replay``), the
 capacity sweep behind ``prefixkv compare`` (``sweep``), and the design notes' small-pool
 lab with its numpy slot store (``lab``, ``slotstore``).
 """
+
+from .replay import ReplayResult, replay
+from .traces import Trace, TraceFormatError, TraceRequest, load_trace
+from .workloads import DEFAULT_WORKLOAD, WorkloadConfig, generate_trace
+
+__all__ = ["Trace", "TraceRequest", "TraceFormatError", "load_trace", "replay", "ReplayResult",
+           "WorkloadConfig", "DEFAULT_WORKLOAD", "generate_trace"]

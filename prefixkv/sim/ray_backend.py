@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 
 def _remote_cell(cell, trace, options):
-    from .sweep import replay_cell
+    from .cell import replay_cell
 
     return replay_cell(cell, trace, options)
 

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import InvalidArgument, PrefixKVError
-from .replay import replay
+from .cell import replay_cell
 from .traces import Trace, load_trace
 
 BACKENDS = ("process", "ray")
@@ -186,18 +186,6 @@ class Cell:
 
 def result_key(result: dict) -> tuple:
     return result["trace"], result["policy"], result["capacity"], result.get("host_capacity", 0)
-
-
-def replay_cell(cell: Cell, trace: Trace, options: dict) -> dict:
-    """One cell's result dict, or ``{"error": message}`` naming the cell: an error record travels
-    back from any worker (process or Ray) as plain data. ``options``: the other ``replay``
-    arguments, the same for every cell."""
-    try:
-        result = replay(trace, cell.policy, cell.capacity, host_capacity=cell.host_capacity, **options).as_dict()
-    except Exception as exc:  # noqa: BLE001 - reported with the cell it belongs to
-        return {"error": f"{cell.describe()}: {type(exc).__name__}: {exc}"}
-    result["trace"] = cell.source.label
-    return result
 
 
 # In a pool worker: cell index -> pid of the worker that started it (shared with the parent),

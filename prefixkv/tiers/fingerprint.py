@@ -25,14 +25,13 @@ No torch and no redis here: tensors are read through their own methods.
 
 from __future__ import annotations
 
-import math
-import operator
 import struct
 from dataclasses import dataclass, field
 from typing import Iterable
 
 import xxhash
 
+from ..checks import integer
 from ..errors import InvalidArgument, PrefixKVError
 from ..hashing import HASH_ALGORITHMS
 from ..sizing import DTYPE_BYTES
@@ -61,29 +60,6 @@ class UnpinnedHashSeed(PrefixKVError, ValueError):
             "(the same on every replica), or use prefixkv.tiers.fingerprint.derived_hash_seed(...)")
 
 
-def int_argument(name: str, value: object, low: int | None = None) -> int:
-    """``value`` as an ``int`` (numpy integers too), refusing booleans, floats and strings:
-    ``int(2.5)`` would pass a check and ``2.0`` would be written into a digest as ``"2.0"``."""
-    if isinstance(value, bool):
-        raise InvalidArgument(name, f"expected an integer, got {value!r}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise InvalidArgument(name, f"expected an integer, got {value!r}") from None
-    if low is not None and number < low:
-        raise InvalidArgument(name, f"must be {'positive' if low == 1 else f'>= {low}'}, got {number}")
-    return number
-
-
-def seconds_argument(name: str, value: object, *, zero: bool = False) -> float:
-    """A finite duration: positive, or ``>= 0`` with ``zero``. An infinite timeout is an unbounded wait."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
-        raise InvalidArgument(name, f"expected a number of seconds, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or number < 0 or (number == 0 and not zero):
-        raise InvalidArgument(name, f"expected a finite number of seconds {'>= 0' if zero else 'above 0'}, "
-                                    f"got {value!r}")
-    return number
 
 
 def payload_view(payload: object, index: int, block_bytes: int) -> memoryview:
@@ -186,10 +162,10 @@ class Fingerprint:
             raise InvalidArgument("weights", "expected a digest of the weights' contents (weights_digest(...)), "
                                              f"got {self.weights!r}")
         dtype = canonical_dtype(self.dtype)
-        ints = {name: int_argument(name, getattr(self, name), 1)
+        ints = {name: integer(name, getattr(self, name), low=1)
                 for name in ("layers", "kv_heads", "head_dim", "block_size", "tp_size")}
-        ints["hash_seed"] = int_argument("hash_seed", self.hash_seed)
-        ints["tp_rank"] = int_argument("tp_rank", self.tp_rank)
+        ints["hash_seed"] = integer("hash_seed", self.hash_seed)
+        ints["tp_rank"] = integer("tp_rank", self.tp_rank)
         if not 0 <= ints["tp_rank"] < ints["tp_size"]:
             raise InvalidArgument("tp_rank", f"must be in [0, {ints['tp_size']}), got {self.tp_rank}")
         if not isinstance(self.hash_algorithm, str) or self.hash_algorithm not in HASH_ALGORITHMS:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..copies import BlockCopies
 from ..events import BlockStored
-from ..policies import make_policy
+from ..policies.registry import make_policy
 from ..pool import BlockPool
 
 MEDIUM = "CPU"

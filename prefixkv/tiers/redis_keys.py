@@ -28,7 +28,8 @@ from typing import Sequence
 
 from ..errors import InvalidArgument
 from .block_codec import FORMAT_VERSION, header_size
-from .fingerprint import Fingerprint, int_argument
+from ..checks import integer
+from .fingerprint import Fingerprint
 
 __all__ = ["KeySpace", "group_blocks", "check_prefix", "GROUP_MAX_BLOCKS", "GROUP_MAX_BYTES", "DEFAULT_PREFIX"]
 
@@ -42,8 +43,8 @@ _HEX32 = "[0-9a-f]" * 32      # a fingerprint, in a SCAN pattern
 
 def group_blocks(value_bytes: int, max_blocks: int = GROUP_MAX_BLOCKS, max_bytes: int = GROUP_MAX_BYTES) -> int:
     """Blocks per group: at most ``max_blocks`` and at most ``max_bytes`` of values (at least 1)."""
-    value_bytes = int_argument("value_bytes", value_bytes, 1)
-    max_blocks = int_argument("max_blocks", max_blocks, 1)
+    value_bytes = integer("value_bytes", value_bytes, low=1)
+    max_blocks = integer("max_blocks", max_blocks, low=1)
     return max(1, min(max_blocks, max_bytes // value_bytes))
 
 

@@ -66,7 +66,8 @@ from redis.exceptions import AskError, MovedError, NoScriptError
 from ..errors import InvalidArgument
 from ..hashing import BlockHasher
 from .block_codec import Reject, decode
-from .fingerprint import Fingerprint, int_argument, payload_view, seconds_argument
+from ..checks import integer, seconds
+from .fingerprint import Fingerprint, payload_view
 from .redis_keys import DEFAULT_PREFIX, GROUP_MAX_BLOCKS, GROUP_MAX_BYTES, KeySpace, check_prefix
 from .redis_net import (HIREDIS, NETWORK_ERRORS, Node, NodeDown, RemoteTierError, StoreClosed, Timeouts, Topology,
                         masked_url, roundtrip, send_all)
@@ -108,9 +109,9 @@ class RedisStoreConfig:
         # Finite durations only: an infinite socket timeout is an unbounded wait on a hung server,
         # an infinite TTL overflowed int(ttl_s * 1000). Counts are integers: int(2.5) passed the
         # old check and a fractional group size then indexed the chain with floats.
-        values = {name: seconds_argument(name, getattr(self, name))
+        values = {name: seconds(name, getattr(self, name))
                   for name in ("ttl_s", "connect_timeout_s", "socket_timeout_s", "probe_interval_s")}
-        values.update({name: int_argument(name, getattr(self, name), 1)
+        values.update({name: integer(name, getattr(self, name), low=1)
                        for name in ("batch_bytes", "max_group_blocks", "first_probe_groups", "queue_blocks",
                                     "queue_bytes")})
         for name, value in values.items():
@@ -209,7 +210,7 @@ class RedisBlockStore:
         """Leading blocks of ``chain[start:]`` present on the server (0 when unreachable)."""
         self._check_open()
         stop = len(chain)
-        start = int_argument("start", start, 0)
+        start = integer("start", start, low=0)
         if start >= stop:
             return 0
         self.keys.check_chain(chain, start, stop)
@@ -302,8 +303,8 @@ class RedisBlockStore:
     def fetch(self, chain: Sequence[bytes], start: int, stop: int, contents: Sequence[bytes] | None = None) -> Fetched:
         """Verified payloads of the leading loadable blocks of ``chain[start:stop]`` (see the module docstring)."""
         self._check_open()
-        start = int_argument("start", start, 0)
-        stop = min(int_argument("stop", stop), len(chain))
+        start = integer("start", start, low=0)
+        stop = min(integer("stop", stop), len(chain))
         out = Fetched([])
         if start >= stop:
             return out
@@ -377,7 +378,7 @@ class RedisBlockStore:
         """Queue blocks ``start..start+len(payloads)-1`` of ``chain`` for writing; returns how many were queued."""
         self._check_open()
         n = len(payloads)
-        start = int_argument("start", start)
+        start = integer("start", start)
         if start < 0 or start + n > len(chain):
             raise InvalidArgument("start", f"blocks {start}..{start + n - 1} are outside a chain of {len(chain)}")
         if contents is not None and len(contents) != n:
@@ -416,7 +417,7 @@ class RedisBlockStore:
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until every queued write and deletion has been sent (or dropped). False on timeout."""
-        return self.writer.flush(seconds_argument("timeout_s", timeout_s, zero=True))
+        return self.writer.flush(seconds("timeout_s", timeout_s, zero=True))
 
     # -- stats and operators ---------------------------------------------------------
     def stats(self) -> StoreStats:
@@ -475,7 +476,7 @@ class RedisBlockStore:
         self._check_open()
         pattern = KeySpace.pattern(self.config.prefix, fingerprint_hex)
         shape = KeySpace.block_key_shape(self.config.prefix, fingerprint_hex)
-        max_rounds = int_argument("max_rounds", max_rounds, 1)
+        max_rounds = integer("max_rounds", max_rounds, low=1)
         deleted = 0
         with self._fg:
             for node in self.topology.masters():
@@ -503,7 +504,7 @@ class RedisBlockStore:
     def close(self, flush_timeout_s: float = 5.0) -> None:
         """Send what is queued (up to ``flush_timeout_s``), stop the background thread, disconnect.
         Closing twice is a no-op; every later call but ``stats`` and ``flush`` raises ``StoreClosed``."""
-        flush_timeout_s = seconds_argument("flush_timeout_s", flush_timeout_s, zero=True)
+        flush_timeout_s = seconds("flush_timeout_s", flush_timeout_s, zero=True)
         if self.closed:
             return
         self.closed = True

@@ -45,7 +45,8 @@ import time
 from typing import Any
 
 from ..errors import InvalidArgument
-from .fingerprint import UnpinnedHashSeed, int_argument, seconds_argument, weights_digest
+from ..checks import integer, seconds
+from .fingerprint import UnpinnedHashSeed, weights_digest
 from .redis_net import masked_url
 from .redis_store import RedisBlockStore, RedisStoreConfig
 from .staging import StagingBuffer, fingerprint_for
@@ -107,9 +108,9 @@ def default_host_blocks(num_blocks: int) -> int:
 
 def _check_options(max_prefetch_blocks, staging_blocks, max_held) -> tuple:
     if max_prefetch_blocks is not None:
-        max_prefetch_blocks = int_argument("max_prefetch_blocks", max_prefetch_blocks, 1)
+        max_prefetch_blocks = integer("max_prefetch_blocks", max_prefetch_blocks, low=1)
     # a negative max_held deleted more held records than there were and counted them as dropped
-    return max_prefetch_blocks, int_argument("staging_blocks", staging_blocks, 1), int_argument("max_held", max_held, 0)
+    return max_prefetch_blocks, integer("staging_blocks", staging_blocks, low=1), integer("max_held", max_held, low=0)
 
 
 def _check_manager(manager, kv) -> None:
@@ -361,7 +362,7 @@ class RemoteTier:
 
     def close(self, flush_timeout_s: float = 5.0) -> None:
         """Send what is queued (bounded), stop the store's thread, stop recording published blocks."""
-        seconds_argument("flush_timeout_s", flush_timeout_s, zero=True)
+        seconds("flush_timeout_s", flush_timeout_s, zero=True)
         self.manager.record_published(False)
         self._held.clear()
         self.store.close(flush_timeout_s)

@@ -31,7 +31,8 @@ import torch
 
 from ..errors import InvalidArgument
 from ..kv.storage import KVStore
-from .fingerprint import LAYOUT_L2BHD, Fingerprint, int_argument, payload_view
+from ..checks import integer
+from .fingerprint import LAYOUT_L2BHD, Fingerprint, payload_view
 
 __all__ = ["StagingBuffer", "fingerprint_for"]
 
@@ -58,7 +59,7 @@ class StagingBuffer:
 
     def __init__(self, store: KVStore, capacity: int) -> None:
         self.store = store
-        self.capacity = int_argument("capacity", capacity, 1)
+        self.capacity = integer("capacity", capacity, low=1)
         # The last unpack's host -> device copy may still be reading the pinned buffer when unpack
         # returns (a DMA from page-locked memory runs after the call); whatever writes the buffer
         # next waits for it (``_wait_for_reads``), or it would overwrite blocks still in flight.
@@ -78,8 +79,8 @@ class StagingBuffer:
             self._reading = None
 
     def _ids(self, block_ids: Sequence[int], name: str = "block_ids", *, distinct: bool = False) -> list[int]:
-        # int_argument, not int(): int(2.7) would quietly name block 2
-        ids = [int_argument(name, b) for b in block_ids]
+        # integer(), not int(): int(2.7) would quietly name block 2
+        ids = [integer(name, b) for b in block_ids]
         bad = [b for b in ids if not 0 <= b < self.store.num_blocks]
         if bad:
             raise InvalidArgument(name, f"block ids {bad[:5]} out of range [0, {self.store.num_blocks})")
@@ -136,7 +137,7 @@ class StagingBuffer:
         host = self.store.host
         if host is None:
             raise RuntimeError("the store has no host pool: call allocate_host(num_host_blocks) first")
-        ids = [int_argument("host_blocks", b) for b in host_blocks]
+        ids = [integer("host_blocks", b) for b in host_blocks]
         bad = [b for b in ids if not 0 <= b < host.shape[2]]
         if bad:
             raise InvalidArgument("host_blocks", f"host block ids {bad[:5]} out of range [0, {host.shape[2]})")

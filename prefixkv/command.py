@@ -1,0 +1,48 @@
+"""Running a command line: argv in, an exit status out, errors as one line each.
+
+Shared by ``prefixkv`` (``prefixkv.cli``) and the parts that can run their command alone
+(``python -m prefixkv.bench.cli``), so neither imports the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+from .errors import PrefixKVError
+
+
+_NEGATIVE_VALUE = re.compile(r"^-\d")
+
+
+def _attach_negative_values(argv: list[str]) -> list[str]:
+    """``--pool -1GiB`` as ``--pool=-1GiB``: argparse takes ``-1GiB`` for an option and says only
+    "expected one argument"; attached, the option's own check names the bad value."""
+    out: list[str] = []
+    for item in argv:
+        if out and _NEGATIVE_VALUE.match(item) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={item}"
+        else:
+            out.append(item)
+    return out
+
+
+def run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """Parse ``argv`` and run the chosen command (``args.func``), as the shell expects: its
+    status, a one-line error naming the command, 130 and "interrupted" on Ctrl-C."""
+    try:
+        args = parser.parse_args(_attach_negative_values(argv))
+        try:
+            return args.func(args)
+        except BrokenPipeError:  # `prefixkv ... | head`: the reader left; not an error of ours
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        except (PrefixKVError, ValueError, OSError, RuntimeError) as exc:
+            parser.exit(2, f"prefixkv {args.command}: error: {exc}\n")
+    except KeyboardInterrupt:
+        # Ctrl-C: one line and the shell's status for SIGINT, no traceback; outputs were written
+        # atomically, so nothing partial is left behind.
+        print("interrupted", file=sys.stderr)
+        return 130
