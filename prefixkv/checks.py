@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 
 from .errors import InvalidArgument
 
@@ -35,10 +36,15 @@ def integer(name: str, value: object, *, low: int | None = None, high: int | Non
     """``value`` as an ``int`` within ``[low, high]``. An integral float such as ``2.0`` is taken
     only with ``integral_float``: ``int(2.5)`` would pass a check, and a float written into a
     digest or a key reads ``"2.0"``."""
-    if isinstance(value, bool) or not (isinstance(value, numbers.Integral) or (
-            integral_float and isinstance(value, numbers.Real) and math.isfinite(value) and value == int(value))):
-        raise InvalidArgument(name, f"must be an integer, got {type(value).__name__} {value!r}")
-    number = int(value)
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)      # an int, a numpy integer, a 0-d integer tensor
+    except TypeError:
+        if isinstance(value, bool) or not (integral_float and isinstance(value, numbers.Real)
+                                           and math.isfinite(value) and value == int(value)):
+            raise InvalidArgument(name, f"must be an integer, got {type(value).__name__} {value!r}") from None
+        number = int(value)
     if _outside(number, low, high, False, False):
         raise InvalidArgument(name, f"must be {_bounds(low, high)}, got {number}")
     return number
