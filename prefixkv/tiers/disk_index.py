@@ -42,6 +42,15 @@ class BlockIndex:
             self._bytes += size - (old or 0)
             self._lru[block_hash] = size
 
+    def touch_many(self, used: list) -> None:
+        """``touch`` for each ``(hash, bytes)`` in order, under one acquisition of the lock."""
+        with self._lock:
+            lru = self._lru
+            for block_hash, size in used:
+                old = lru.pop(block_hash, None)
+                self._bytes += size - (old or 0)
+                lru[block_hash] = size
+
     def forget(self, block_hash: bytes) -> int:
         """Drop a block from the view; its bytes (0 where it was not listed)."""
         with self._lock:

@@ -240,17 +240,22 @@ class Ledger:
             return
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
-            self.used = self.read()
-            before = self.used
-            yield self
-            if self.writable and self.used is not None and self.used != before:
-                head = struct.pack("<Q", max(0, self.used))
-                try:
-                    os.pwrite(self._fd, head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head)), 0)
-                except OSError:
-                    pass        # a disk gone read-only: the next scan under the lock recounts
+            self.used = before = self.read()
+            try:
+                yield self
+            finally:
+                # also when the body failed midway: the evictions it did are on disk, so on the ledger
+                if self.writable and self.used is not None and self.used != before:
+                    self._write(self.used)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _write(self, used: int) -> None:
+        head = struct.pack("<Q", max(0, used))
+        try:
+            os.pwrite(self._fd, head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head)), 0)
+        except OSError:
+            pass        # a disk gone read-only: the next scan under the lock recounts
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -26,6 +26,8 @@ API contract:
   ``contents[j]``. It stops at the first absent file (``"miss"``), unreadable one
   (``"error"``) or refused value (its ``Reject``: counted, the file deleted in the
   background if it is still the one read). Payloads are memoryviews into the bytes read.
+  The next ``read_ahead`` files are opened and their reads started while one is verified
+  (``disk_reader``).
   Synchronous; it never takes the namespace's lock, so it never waits for another process.
 * ``put(chain, start, payloads, contents=None) -> int`` /
   ``set_many(keys, payloads, parent=None, contents=None) -> int``: check everything,
@@ -63,6 +65,10 @@ Guarantees:
   the caller for the disk's state; wrong arguments raise ``InvalidArgument`` before any
   state changes.
 
+Not done (yet): recency is not written to disk (after a restart, the oldest written is evicted
+first); no periodic rescan (a process learns other processes' blocks by a stat on a miss, at
+open, and when its own index cannot make room).
+
 Threads: one caller thread at a time for probe/fetch/put, plus the writer thread.
 """
 
@@ -78,15 +84,14 @@ from typing import Sequence
 from ..checks import integer, seconds
 from ..errors import InvalidArgument, PrefixKVError
 from ..hashing import BlockHasher
-from .block_codec import Reject, decode, header_size
+from .block_codec import header_size
 from .disk_index import BlockIndex
 from .disk_layout import Layout, Ledger, drop_reason, scan
+from .disk_reader import load
 from .disk_writer import FSYNC_POLICIES, DiskWriter, Pending
 from .fingerprint import Fingerprint, payload_view
 
 __all__ = ["DiskBlockStore", "DiskStoreConfig", "DiskStoreStats", "Fetched", "StoreClosed"]
-
-_READ_FLAGS = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 
 
 class StoreClosed(PrefixKVError):
@@ -101,6 +106,7 @@ class DiskStoreConfig:
     queue_blocks: int = 4096
     queue_bytes: int = 256 * 2**20
     batch_blocks: int = 64               # blocks per writer round (one folder sync per round with "file+dir")
+    read_ahead: int = 16                 # files a fetch keeps open ahead, their reads started (disk_reader)
     stale_temp_s: float = 60.0           # a live pid's temporary file older than this is a leftover
     join_timeout_s: float = 5.0
 
@@ -108,7 +114,7 @@ class DiskStoreConfig:
         if self.fsync not in FSYNC_POLICIES:
             raise InvalidArgument("fsync", f"expected one of {', '.join(FSYNC_POLICIES)}, got {self.fsync!r}")
         values = {name: integer(name, getattr(self, name), low=1)
-                  for name in ("queue_blocks", "queue_bytes", "batch_blocks")}
+                  for name in ("queue_blocks", "queue_bytes", "batch_blocks", "read_ahead")}
         values.update({name: seconds(name, getattr(self, name))
                        for name in ("stale_temp_s", "join_timeout_s")})
         for name, value in values.items():
@@ -326,51 +332,33 @@ class DiskBlockStore:
     def _read_run(self, keys: Sequence[bytes], parent: bytes, contents) -> Fetched:
         self._count["fetches"] += 1
         out = Fetched([])
-        payloads, fp, layout, index = out.payloads, self.fingerprint, self.layout, self.index
-        for j, key in enumerate(keys):
-            read = self._read_file(layout.block_path(key))
-            if not isinstance(read, tuple):
-                out.stop = read
-                if read == "miss":
-                    self._count["fetch_misses"] += 1
-                    if index.forget(key):
-                        self._count["vanished"] += 1
-                else:
-                    self._count["read_errors"] += 1
-                break
-            value, identity = read
-            result = decode(value, fp, key, parent, None if contents is None else contents[j])
-            if isinstance(result, Reject):
+        payloads, index = out.payloads, self.index
+        used = []            # (hash, bytes) of the blocks served: one index update for the run
+        paths = [self.layout.block_path(key) for key in keys]
+        parents = [parent, *keys[:-1]]
+        for j, (result, identity) in enumerate(load(paths, keys, parents, contents, self.fingerprint,
+                                                    self.config.read_ahead)):
+            if isinstance(result, memoryview):
+                payloads.append(result)
+                used.append((keys[j], identity[1]))
+                continue
+            key = keys[j]
+            out.stop = result
+            if result == "miss":
+                self._count["fetch_misses"] += 1
+                if index.forget(key):
+                    self._count["vanished"] += 1
+            elif result == "error":
+                self._count["read_errors"] += 1
+            else:
                 self._rejected[result.value] = self._rejected.get(result.value, 0) + 1
                 index.forget(key)
                 self.writer.delete(key, identity)     # in the background, only if still this file
-                out.stop = result
-                break
-            payloads.append(result)
-            index.touch(key, identity[1])
-            parent = key
+            break
+        index.touch_many(used)
         self._count["blocks_loaded"] += len(payloads)
-        self._count["bytes_loaded"] += len(payloads) * fp.block_bytes
+        self._count["bytes_loaded"] += len(payloads) * self.fingerprint.block_bytes
         return out
-
-    @staticmethod
-    def _read_file(path: str):
-        """``(bytes, (inode, size, mtime ns))`` of the file at ``path``, ``"miss"`` or ``"error"``.
-        One open, fstat and read: an evicting process's unlink cannot cut a read in progress."""
-        try:
-            fd = os.open(path, _READ_FLAGS)
-        except FileNotFoundError:
-            return "miss"
-        except OSError:
-            return "error"      # a symbolic link (ELOOP), no permission, an I/O error
-        try:
-            st = os.fstat(fd)
-            value = os.read(fd, st.st_size)
-        except OSError:
-            return "error"
-        finally:
-            os.close(fd)
-        return value, (st.st_ino, st.st_size, st.st_mtime_ns)
 
     # -- writes -----------------------------------------------------------------------------
     def put(self, chain: Sequence[bytes], start: int, payloads: Sequence, contents: Sequence[bytes] | None = None) -> int:
@@ -493,4 +481,7 @@ def _delete_blocks(namespace: str) -> int:
 
 def _shutdown(writer: DiskWriter, ledger: Ledger) -> None:
     writer.close()
-    ledger.close()
+    if not writer.alive:
+        # a writer still stuck in a syscall past its join keeps the ledger: closing the descriptor
+        # under it would let a reused descriptor number be locked or written
+        ledger.close()

@@ -148,6 +148,10 @@ class DiskWriter:
             self._cv.notify_all()
         self._thread.join(timeout=self.join_timeout_s)
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _drop(self, reason: str, n: int = 1) -> None:
         # both threads drop: under the queue's (re-entrant) lock, as offer counts
         if n:

@@ -29,6 +29,7 @@ from redis_fixtures import Blocks
 
 from prefixkv.errors import InvalidArgument
 from prefixkv.tiers.block_codec import Reject, encode
+from prefixkv.tiers.disk_reader import RunReader
 from prefixkv.tiers.disk_store import DiskBlockStore, DiskStoreConfig, StoreClosed
 from prefixkv.tiers.disk_writer import DiskWriter
 from prefixkv.tiers.fingerprint import Fingerprint, weights_digest
@@ -354,6 +355,31 @@ def test_another_processes_writes_are_found_and_its_evictions_are_misses(tmp_pat
         got = a.fetch(blocks.chain, 0, 8)
         assert got.count == 5 and got.stop == "miss" and a.stats().vanished == 1
         assert a.probe(blocks.chain) == 5
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_file_evicted_while_open_ahead_is_still_read_whole_and_no_descriptor_leaks(tmp_path):
+    blocks = Blocks(FP, 10, seed=10)
+    with DiskBlockStore(tmp_path, FP, 10**6, DiskStoreConfig(fsync="none", read_ahead=4)) as store:
+        written(store, blocks)
+        paths = [store.layout.block_path(h) for h in blocks.chain]
+        before = _open_fds()
+        with RunReader(paths, 4) as reader:
+            first = reader.read()                 # opens files 0-3
+            os.unlink(paths[2])                   # another process evicts file 2 meanwhile
+            second, third = reader.read(), reader.read()
+            assert isinstance(first, tuple) and isinstance(second, tuple)
+            assert third[0] == encode(FP, blocks.chain[2], blocks.chain[1], blocks.payloads[2], blocks.contents[2])
+        assert _open_fds() == before
+        got = store.fetch(blocks.chain, 0, 10, blocks.contents)      # 2 is gone now: a miss
+        assert got.count == 2 and got.stop == "miss" and _open_fds() == before
+        _flip(Path(paths[5]), -1)
+        written(store, blocks)
+        assert store.fetch(blocks.chain, 0, 10, blocks.contents).stop == Reject.PAYLOAD_CHECKSUM
+        assert _open_fds() == before              # the files opened ahead of the refused one are closed
 
 
 def test_racing_writers_of_one_block_leave_one_complete_value_and_an_exact_ledger(tmp_path):
