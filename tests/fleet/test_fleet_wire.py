@@ -16,7 +16,7 @@ msgspec = pytest.importorskip("msgspec")
 from prefixkv import KVCacheManager  # noqa: E402
 from prefixkv.fleet import wire  # noqa: E402
 
-GOLDEN = json.loads((pathlib.Path(__file__).parent / "data" / "vllm_kv_events.json").read_text())
+GOLDEN = json.loads((pathlib.Path(__file__).resolve().parents[1] / "data" / "vllm_kv_events.json").read_text())
 
 
 def _plain(value):

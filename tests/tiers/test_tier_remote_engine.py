@@ -8,7 +8,7 @@
 Targets (250 ms per tier call or step, 6 s to resume writes) are measured by
 ``benches/remote_step_overhead.py``; the bounds here are 5x.
 
-Run as a script (``python tests/test_tier_remote_engine.py URL``) it is replica process A or B:
+Run as a script (``python tests/tiers/test_tier_remote_engine.py URL``) it is replica process A or B:
 it prints one JSON line with its outputs and per-request prefix hits.
 """
 
@@ -22,6 +22,9 @@ import sys
 import time
 
 import pytest
+
+if __name__ == "__main__":      # run as a script: the shared test helpers are one folder up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from redis_fixtures import needs_redis, own_redis_server, redis_server  # noqa: F401 (fixtures)
 
@@ -37,7 +40,7 @@ BLOCK = 16
 PREFIX = 512
 CALL_BOUND_S = 5 * 0.25
 RESUME_BOUND_S = 5 * 6.0
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def model(seed: int = 0) -> TinyLlama:

@@ -1338,7 +1338,8 @@ def test_policy_runs_the_real_manager(name):
     # The manager releases tail first and a hit needs the whole prefix, so a child is always released
     # before its parent and LRU already evicts leaves first: leaf-lru differs from it only around
     # duplicates (test_leaf_lru_differs_from_lru_through_a_duplicate_parent).
-    # session is LRU without hints, and these frees give none (tests/test_session.py covers hinted frees).
+    # session is LRU without hints, and these frees give none (tests/policies/test_session.py covers
+    # hinted frees).
     if name not in ("lru", "leaf-lru", "priority+leaf-lru", "session"):
         assert removals != lru_removals, f"{name} evicted exactly like LRU"
 

@@ -18,7 +18,7 @@ import pytest
 from prefixkv import cli, parse_size
 from prefixkv.copies import BlockCopies
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 

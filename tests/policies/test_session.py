@@ -254,7 +254,7 @@ def test_session_policy_on_the_shared_weka_sample_beats_lru(weka_sample):
 @pytest.fixture
 def weka_sample():
     from pathlib import Path
-    path = Path(__file__).resolve().parents[2] / "shared" / "traces" / "weka-kv-cache-tester"
+    path = Path(__file__).resolve().parents[3] / "shared" / "traces" / "weka-kv-cache-tester"
     if not path.is_dir():
         pytest.skip(f"{path} is not here")
     return path

@@ -4,7 +4,7 @@
   membership and victims after every event, including bursts that empty the order.
 * The protocol check every policy passes (``check_policy``), and a manager or host tier built with
   ``policy="lru"`` on a flat index runs it (the same figures as ``LRUPolicy`` on the dict index are
-  checked by ``tests/test_flat_pool.py``'s lockstep machine and the manager tests).
+  checked by ``tests/flat/test_flat_pool.py``'s lockstep machine and the manager tests).
 * The pool's compiled batches: a batch they refuse (a block not evictable, listed twice, out of
   range) ends as on the dict pool; the links are checked by ``snapshot``.
 """

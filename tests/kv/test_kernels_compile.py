@@ -22,7 +22,7 @@ import pytest
 
 from prefixkv.kv import cuda_kernels as ck
 
-KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 SOURCES = sorted(KERNEL_DIR.glob("*.cu"))
 NVCC = shutil.which("nvcc")
 

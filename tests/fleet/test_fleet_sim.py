@@ -17,7 +17,7 @@ from prefixkv.fleet.simulator import FleetConfig, compare, simulate
 from prefixkv.sim.traces import Trace, load_trace
 from prefixkv.sim.workloads import builtin_trace
 
-CONVERSATION = pathlib.Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
+CONVERSATION = pathlib.Path(__file__).resolve().parents[3] / "shared" / "traces" / "conversation_trace.jsonl"
 JSON_KEYS = {"router", "hit_rate", "single_hit_rate", "round_robin_hit_rate", "busiest_share", "p99_wait_s",
              "round_robin_p99_wait_s"}
 

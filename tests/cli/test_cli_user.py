@@ -19,7 +19,7 @@ import pytest
 
 from prefixkv.cli import main
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TRACES = ROOT.parent / "shared" / "traces"
 CONVERSATION = TRACES / "conversation_trace.jsonl"
 PREFIXKV = [sys.executable, "-m", "prefixkv"]
@@ -355,7 +355,7 @@ def test_version_and_python_dash_m():
 
 def test_the_state_machine_takes_its_size_from_the_profile():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             "tests/test_stateful.py::TestKVCacheManagerStateful", "--hypothesis-show-statistics"],
+                             "tests/core/test_stateful.py::TestKVCacheManagerStateful", "--hypothesis-show-statistics"],
                             capture_output=True, text=True, cwd=ROOT, timeout=300,
                             env={**os.environ, "PREFIXKV_HYPOTHESIS_PROFILE": "quick"})
     assert result.returncode == 0, result.stdout[-2000:]

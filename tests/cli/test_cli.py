@@ -69,7 +69,7 @@ def test_console_script_runs():
     assert json.loads(out)["max_requests"] == 47
 
 
-SHARED = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+SHARED = __import__("pathlib").Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 
 
 def test_replay_builtin_workload_json(capsys):

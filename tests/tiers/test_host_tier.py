@@ -11,7 +11,7 @@ from prefixkv import BlockRemoved, BlockStored, KVCacheManager, OutOfBlocks
 from prefixkv.costs import PreemptionCostModel
 
 B = 4
-TRACES = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+TRACES = pathlib.Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 
 
 def tiered(num_blocks=4, host=8, **kwargs):

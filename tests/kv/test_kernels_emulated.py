@@ -20,7 +20,7 @@ import pytest
 from cuda_emu import harness
 from prefixkv.kv import cuda_kernels as ck
 
-KERNEL = Path(__file__).resolve().parent.parent / "kernels" / ck.SOURCE
+KERNEL = Path(__file__).resolve().parents[2] / "kernels" / ck.SOURCE
 _reason = harness.available()
 needs_emulator = pytest.mark.skipif(_reason is not None, reason=f"CPU emulation unavailable: {_reason}")
 

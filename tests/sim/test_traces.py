@@ -14,7 +14,7 @@ from prefixkv.sim.traces import (NAMESPACE_BITS, TraceFormatError, TraceRequest,
 from prefixkv.sim.workloads import (BUILTIN_WORKLOADS, DEFAULT_WORKLOAD, WorkloadConfig, builtin_trace,
                                 generate_requests, generate_trace)
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"shared traces not found at {SHARED}")
 
 
