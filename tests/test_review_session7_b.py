@@ -60,30 +60,6 @@ def test_integer_policy_options_still_refuse_fractions(make):
         make()
 
 
-# -- manager: a host policy object refused after the device pool bound its policy ------------------
-
-def test_the_same_policy_object_for_both_tiers_is_refused_before_anything_binds():
-    """8402e29 checked host policy names before the device pool was built, not objects: the same
-    object as device and host policy (or one serving another pool) was refused by the host tier's
-    pool, after the device pool had bound the device policy, which then could not serve the
-    corrected call."""
-    policy = make_policy("lru")
-    with pytest.raises(InvalidArgument, match="host_policy"):
-        KVCacheManager(8, 4, policy=policy, host_policy=policy, num_host_blocks=4)
-    assert policy.pool is None
-    KVCacheManager(8, 4, policy=policy, host_policy="lru", num_host_blocks=4)     # still usable
-
-
-def test_a_host_policy_serving_another_pool_is_refused_before_the_device_binds():
-    host = make_policy("lru")
-    KVCacheManager(8, 4, host_policy=host, num_host_blocks=4)
-    device = make_policy("arc")
-    with pytest.raises(InvalidArgument, match="host_policy"):
-        KVCacheManager(8, 4, policy=device, host_policy=host, num_host_blocks=4)
-    assert device.pool is None
-    KVCacheManager(8, 4, policy=device, host_policy=make_policy("lru"), num_host_blocks=4)
-
-
 # -- trace loaders: a numpy integer block size ----------------------------------------------------
 
 def _mooncake_file(tmp_path):

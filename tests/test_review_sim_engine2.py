@@ -200,39 +200,6 @@ def test_lab_names_a_bad_block_size(block_size):
     assert info.value.argument == "block_size"
 
 
-# -- the cost model ------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("field, bad", [
-    ("kv_bytes_per_token", math.nan),        # every swap compared false: never chosen, silently
-    ("kv_bytes_per_token", math.inf),
-    ("kv_bytes_per_token", True),
-    ("kv_bytes_per_token", "128"),           # TypeError: '<=' not supported
-    ("prefill_tokens_per_s", math.inf),      # recompute always free
-    ("prefill_tokens_per_s", math.nan),
-    ("link_bytes_per_s", math.inf),
-    ("link_bytes_per_s", "fast"),
-    ("mode", None),
-])
-def test_preemption_cost_model_refuses_what_it_cannot_price(field, bad):
-    from prefixkv.costs import PreemptionCostModel
-
-    with pytest.raises(InvalidArgument) as info:
-        PreemptionCostModel(**{field: bad})
-    assert info.value.argument == field
-
-
-def test_preemption_cost_model_prices_a_swap_in_bytes_over_the_link():
-    from prefixkv.costs import GiB, KiB, PreemptionCostModel
-
-    model = PreemptionCostModel()
-    # 500 MiB out and back at 25 GiB/s, against 4,000 tokens at 20,000 tokens/s
-    blocks = 500 * 2**20 // (16 * 128 * KiB)
-    choice = model.choose(tokens=4000, blocks=blocks, block_size=16, host_blocks_free=blocks)
-    assert choice.swap_s == pytest.approx(2 * 500 / (25 * 1024))
-    assert choice.recompute_s == pytest.approx(0.2) and choice.mode == "swap"
-    assert model.link_bytes_per_s == 25 * GiB
-
-
 # -- sampling ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1e-310])

@@ -1,8 +1,10 @@
 import numpy as np
 import pytest
 
-from prefixkv import (AllBlocksCleared, BlockRemoved, BlockStored, CacheBusy, DuplicateSequence, HashMismatch, SequencePreempted,
-                      InvalidTokens, KVCacheManager, KVSpec, OutOfBlocks, SequenceTooLong, UnknownSequence)
+from prefixkv import (AllBlocksCleared, BlockRemoved, BlockStored, CacheBusy, DuplicateSequence,
+                      HashMismatch, InvalidTokens, KVCacheManager, KVSpec, OutOfBlocks, PolicyError,
+                      SequencePreempted, SequenceTooLong, UnknownSequence)
+from prefixkv.policies.lru import LRUPolicy
 from prefixkv.sim.slotstore import SlotStore
 
 B = 4
@@ -539,3 +541,73 @@ def test_stats_reads_the_sequences_once_so_a_concurrent_step_cannot_break_a_scra
     finally:
         del mgr._seqs["racer"]
     assert stats.sequences == 2 and "b" in mgr
+
+
+# -- append_slots refuses a hash the sequence's chain already holds -----------------------------------
+def test_append_slots_refuses_a_hash_the_sequence_already_holds():
+    """resume / swap_in match a sequence by its own hashes, counting the blocks as distinct: a
+    repeated hash held block 0 twice on one reference ('refcount 1 but held by 2 block tables')."""
+    mgr = KVCacheManager(num_blocks=8, block_size=4, hash_seed=0, index="dict")
+    mgr.admit("a", mgr.prompt_from_hashes([1, 2], 8))
+    before = mgr.snapshot()
+    with pytest.raises(HashMismatch, match="repeats"):
+        mgr.append_slots("a", 5, [1])
+    assert mgr.snapshot() == before
+    mgr.append_slots("a", 5, [3])
+    mgr.preempt("a")
+    assert mgr.resume("a") == 1
+    mgr.check_invariants()
+
+
+# -- a PolicyError in an admission with prefix or host hits releases them --------------------------------
+class _Armed(LRUPolicy):
+    name = "armed"
+    armed = False
+
+    def evict(self):
+        if self.armed:
+            raise RuntimeError("boom")
+        return super().evict()
+
+    def evict_many(self, k):
+        if self.armed:
+            raise RuntimeError("boom")
+        return super().evict_many(k)
+
+
+def test_a_policy_error_after_prefix_hits_releases_them():
+    policy = _Armed()
+    mgr = KVCacheManager(num_blocks=4, block_size=4, hash_seed=0, policy=policy)
+    mgr.admit("a", list(range(16)), compute_last_token=False)
+    mgr.free("a")
+    policy.armed = True
+    with pytest.raises(PolicyError, match="boom"):
+        mgr.admit("b", list(range(8)) + [99] * 8, compute_last_token=False)   # 2 hits, 2 to evict
+    mgr.check_invariants()
+    s = mgr.stats()
+    assert s.active_blocks == 0 and s.evictable_blocks + s.free_uncached_blocks == 4
+    policy.armed = False
+    assert mgr.admit("b", list(range(8)) + [99] * 8, compute_last_token=False) == 8
+    mgr.check_invariants()
+
+
+@pytest.mark.parametrize("inclusive", [False, True])
+def test_a_policy_error_after_host_hits_unpins_them(inclusive):
+    policy = _Armed()
+    mgr = KVCacheManager(num_blocks=4, block_size=4, hash_seed=0, policy=policy, num_host_blocks=8,
+                         host_cache=True, host_inclusive=inclusive)
+    a, c = list(range(16)), list(range(100, 116))
+    mgr.admit("a", a, compute_last_token=False)
+    mgr.free("a")
+    mgr.admit("c", c, compute_last_token=False)          # evicts a's blocks to the host
+    mgr.take_demotions()
+    mgr.free("c")
+    assert mgr.match(a, compute_last_token=False).lower_hit_blocks == 4
+    policy.armed = True
+    with pytest.raises(PolicyError, match="boom"):
+        mgr.admit("a2", a, compute_last_token=False)       # 4 loads, 4 device blocks to evict
+    mgr.check_invariants()
+    assert mgr.stats().host_active_blocks == 0
+    policy.armed = False
+    mgr.admit("a3", c, compute_last_token=False)
+    mgr.check_invariants()

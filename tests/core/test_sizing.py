@@ -71,3 +71,54 @@ def test_format_size():
     assert format_size(1536) == "1.50 KiB"
     assert format_size(24 * 2**30) == "24 GiB"
     assert format_size(100) == "100 B"
+
+
+# -- parse_size: exact, whole ASCII bytes ---------------------------------------------------------
+
+@pytest.mark.parametrize("text, value", [
+    ("9007199254740993", 2**53 + 1),                  # a byte count past float precision
+    ("12345678901234567891", 12345678901234567891),
+    ("4.5TiB", 9 * 2**39),
+    ("0.5KiB", 512),
+])
+def test_parse_size_is_exact(text, value):
+    from prefixkv.sizing import parse_size
+
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["1.0000000000000001GiB", "0.3B", "\u0663GiB"])
+def test_parse_size_refuses_what_is_not_whole_ascii_bytes(text):
+    from prefixkv.sizing import parse_size
+
+    with pytest.raises(ValueError):
+        parse_size(text)
+
+
+# -- KVSpec and plan: non-integer, zero and negative inputs ------------------------------------------
+
+def test_kvspec_refuses_non_integer_fields():
+    from prefixkv.sizing import KVSpec
+
+    with pytest.raises(ValueError, match="layers"):
+        KVSpec(layers=1.5, kv_heads=8, head_dim=128)           # was: a float bytes_per_token
+    with pytest.raises(ValueError, match="head_dim"):
+        KVSpec(layers=32, kv_heads=8, head_dim="128")          # was: TypeError
+    with pytest.raises(ValueError, match="kv_heads"):
+        KVSpec(layers=32, kv_heads=True, head_dim=128)
+
+
+def test_block_and_pool_sizes_are_checked():
+    from prefixkv.sizing import KVSpec, plan
+
+    spec = KVSpec(32, 8, 128)
+    with pytest.raises(ValueError, match="block_size"):
+        spec.num_blocks(2**30, 0)                              # was ZeroDivisionError
+    with pytest.raises(ValueError, match="block_size"):
+        spec.bytes_per_block(-16)                              # was a negative byte count
+    with pytest.raises(ValueError, match="pool_bytes"):
+        spec.num_blocks(-1, 16)
+    with pytest.raises(ValueError, match="pool_bytes"):
+        plan(spec, 16, -5, 10)                                 # was num_blocks -1, max_requests -1
+    with pytest.raises(ValueError, match="host_pool_bytes"):
+        plan(spec, 16, 2**30, 10, host_pool_bytes=-1)
