@@ -37,29 +37,6 @@ def test_auto_capacities_still_refuses_bad_numpy_fractions(bad):
         auto_capacities(_trace(), bad)
 
 
-# -- integer policy options given as integral floats ----------------------------------------------
-
-def test_integer_policy_options_take_integral_floats():
-    """b47cc79 refused fractions for s3fifo move_threshold / max_freq, slru protected_size and
-    PriorityPolicy min_priority, and with them 2.0, which the old code took and ran as 2."""
-    s3 = S3FIFOPolicy(move_threshold=2.0, max_freq=3.0)
-    assert (s3.move_threshold, s3.max_freq) == (2, 3) and type(s3.move_threshold) is int
-    slru = SLRUPolicy(protected_size=4.0)
-    assert slru.protected_size == 4 and type(slru.protected_size) is int
-    prio = PriorityPolicy(make_policy("lru"), min_priority=1.0)
-    assert prio.min_priority == 1 and type(prio.min_priority) is int
-    assert make_policy("s3fifo", move_threshold=np.int64(2)).move_threshold == 2
-
-
-@pytest.mark.parametrize("make", [lambda: S3FIFOPolicy(move_threshold=1.5), lambda: S3FIFOPolicy(max_freq=2.5),
-                                  lambda: SLRUPolicy(protected_size=0.5), lambda: SLRUPolicy(protected_size="4"),
-                                  lambda: PriorityPolicy(make_policy("lru"), min_priority=0.5),
-                                  lambda: S3FIFOPolicy(move_threshold=float("inf"))])
-def test_integer_policy_options_still_refuse_fractions(make):
-    with pytest.raises(InvalidArgument):
-        make()
-
-
 # -- trace loaders: a numpy integer block size ----------------------------------------------------
 
 def _mooncake_file(tmp_path):

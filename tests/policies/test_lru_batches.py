@@ -78,3 +78,45 @@ def test_a_victim_returned_twice_is_refused_and_the_pool_stays_consistent():
     mgr.check_invariants()
     s = mgr.stats()
     assert s.active_blocks == 0 and s.free_uncached_blocks + s.evictable_blocks == 8
+
+
+def test_lru_order_survives_compactions_with_a_partly_taken_front_run():
+    """Thousands of stale entries (hits) force compactions while the front run is partly evicted:
+    the order stays an OrderedDict LRU's, membership included."""
+    import random
+    from collections import OrderedDict
+
+    rng = random.Random(7)
+    n = 64
+    policy = LRUPolicy()
+    policy._stamp = [0] * n
+    ref: OrderedDict = OrderedDict()
+    active = set(range(n))
+    compactions = 0
+    for step in range(30_000):
+        r = rng.random()
+        if step % 6000 == 5999 and ref:
+            k = rng.randrange(1, min(len(ref), 3) + 1)   # the front run partly taken, stale entries kept
+            assert policy.evict_many(k) == [ref.popitem(last=False)[0] for _ in range(k)]
+            active.update(b for b in range(n) if b not in ref)
+        elif r < 0.5 and active:
+            batch = rng.sample(sorted(active), min(len(active), rng.randrange(1, 6)))
+            before = policy._entries
+            policy.on_released_batch(batch)
+            compactions += policy._entries < before
+            for b in batch:
+                active.discard(b)
+                ref[b] = None
+        elif ref:
+            hits = rng.sample(list(ref), min(len(ref), rng.randrange(1, 4)))
+            if len(hits) > 1:
+                policy.on_hit_batch(hits)
+            else:
+                policy.on_hit(hits[0], True)
+            for b in hits:
+                del ref[b]
+                active.add(b)
+        if step % 97 == 0 or policy._entries <= len(ref) + 1:
+            assert policy.snapshot() == tuple(ref) and len(policy) == len(ref)
+            assert all((b in policy) == (b in ref) for b in range(n))
+    assert compactions >= 3

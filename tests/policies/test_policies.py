@@ -1,11 +1,16 @@
+"""The policy registry, policy specs and options (refused naming the option, whatever the spelling:
+NaN, infinities, fractions for counts, strings), and LRU / FIFO against a reference."""
+
 import re
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefixkv.policies import (EvictionPolicy, FIFOPolicy, LRUPolicy, PolicyRegistry, available_policies,
-                               make_policy)
+from prefixkv.errors import InvalidArgument
+from prefixkv.policies import (EvictionPolicy, FIFOPolicy, LRUPolicy, PolicyRegistry, PriorityPolicy,
+                               S3FIFOPolicy, SLRUPolicy, available_policies, make_policy)
 
 
 def test_registry_names_and_errors():
@@ -156,3 +161,90 @@ def test_policy_spec_values_are_checked_against_the_option_types(spec, message):
 def test_lfu_refuses_a_fractional_half_life_given_as_a_keyword():
     with pytest.raises(ValueError, match="positive int"):
         make_policy("lfu", half_life=2.5)
+
+
+# -- options: NaN, infinity, fractional counts and strings are refused, naming the option -----------------
+# A NaN passes every ``if x <= 0: raise`` check, and an infinity passed most: both were taken, then broke the
+# policy mid-run (lrfu: OverflowError from int(inf) at construction, escaping make_policy's ValueError
+# wrapper; workload / gdsf: NaN or -inf sort keys, then "not in list" inside evict, reported as PolicyError
+# after evictions had begun). Fractional counts and strings were taken as well.
+@pytest.mark.parametrize("name,options,argument", [
+    ("lrfu", {"half_life": float("inf")}, "half_life"),
+    ("lrfu", {"ghost": float("inf")}, "ghost"),
+    ("lrfu", {"step": float("nan")}, "step"),
+    ("lrfu", {"step": 50.0}, "step"),
+    ("lrfu", {"reuse_distance": float("inf")}, "reuse_distance"),
+    ("workload", {"horizon": float("inf")}, "horizon"),
+    ("workload", {"horizon": float("nan")}, "horizon"),
+    ("workload", {"window": float("nan")}, "window"),
+    ("gdsf", {"depth_cost": float("nan")}, "depth_cost"),
+    ("gdsf", {"depth_cost": float("inf")}, "depth_cost"),
+    ("s3fifo", {"move_threshold": 1.5}, "move_threshold"),
+    ("s3fifo", {"max_freq": "3"}, "max_freq"),
+    ("s3fifo", {"small_fraction": 0.0}, "small_fraction"),
+    ("slru", {"protected_size": 2.5}, "protected_size"),
+    ("slru", {"protected_fraction": float("nan")}, "protected_fraction"),
+    ("lfu", {"half_life": True}, "half_life"),
+])
+def test_bad_policy_options_are_refused_naming_them(name, options, argument):
+    from prefixkv.errors import InvalidArgument
+    from prefixkv.policies import make_policy
+
+    with pytest.raises(InvalidArgument) as info:
+        make_policy(name, **options)
+    assert info.value.argument == argument
+
+
+def test_lrfu_huge_half_life_from_a_spec_is_refused_as_a_value_error():
+    from prefixkv.policies import make_policy
+
+    # "1e999" is a float literal: inf. It raised OverflowError, which the spec's ValueError wrapper let out.
+    with pytest.raises(ValueError, match="half_life"):
+        make_policy("lrfu:half_life=1e999")
+
+
+def test_numpy_and_plain_numbers_are_still_taken():
+    import numpy as np
+    from prefixkv.policies import make_policy
+
+    assert make_policy("s3fifo", move_threshold=np.int64(2), max_freq=3).move_threshold == 2
+    assert make_policy("slru", protected_size=np.int32(3)).protected_size == 3
+    assert make_policy("lfu", half_life=np.int64(8)).half_life == 8
+    assert make_policy("gdsf", depth_cost=0).depth_cost == 0
+    assert make_policy("workload", horizon=1, window=np.float64(0.5)).window == 0.5
+
+
+def test_a_bad_option_in_a_spec_string_stays_an_invalid_argument_naming_it():
+    """make_policy turned the option's InvalidArgument into a plain ValueError for spec strings, so a
+    caller could not tell which option was refused."""
+    from prefixkv.errors import InvalidArgument
+    from prefixkv.policies import make_policy
+
+    with pytest.raises(InvalidArgument) as info:
+        make_policy("gdsf:depth_cost=1e999")
+    assert info.value.argument == "depth_cost" and "gdsf" in str(info.value)
+    with pytest.raises(ValueError):         # what callers caught before
+        make_policy("s3fifo:max_freq=1e999")
+
+
+# -- integer policy options given as integral floats ----------------------------------------------
+
+def test_integer_policy_options_take_integral_floats():
+    """b47cc79 refused fractions for s3fifo move_threshold / max_freq, slru protected_size and
+    PriorityPolicy min_priority, and with them 2.0, which the old code took and ran as 2."""
+    s3 = S3FIFOPolicy(move_threshold=2.0, max_freq=3.0)
+    assert (s3.move_threshold, s3.max_freq) == (2, 3) and type(s3.move_threshold) is int
+    slru = SLRUPolicy(protected_size=4.0)
+    assert slru.protected_size == 4 and type(slru.protected_size) is int
+    prio = PriorityPolicy(make_policy("lru"), min_priority=1.0)
+    assert prio.min_priority == 1 and type(prio.min_priority) is int
+    assert make_policy("s3fifo", move_threshold=np.int64(2)).move_threshold == 2
+
+
+@pytest.mark.parametrize("make", [lambda: S3FIFOPolicy(move_threshold=1.5), lambda: S3FIFOPolicy(max_freq=2.5),
+                                  lambda: SLRUPolicy(protected_size=0.5), lambda: SLRUPolicy(protected_size="4"),
+                                  lambda: PriorityPolicy(make_policy("lru"), min_priority=0.5),
+                                  lambda: S3FIFOPolicy(move_threshold=float("inf"))])
+def test_integer_policy_options_still_refuse_fractions(make):
+    with pytest.raises(InvalidArgument):
+        make()
