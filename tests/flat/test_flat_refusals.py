@@ -1,17 +1,19 @@
-"""Review of ``prefixkv.flat`` (the flat hash index and ``FlatBlockPool``): defects found, each
-with the test that showed it.
+"""What the flat hash index and ``FlatBlockPool`` (``prefixkv.flat``) refuse, and that a refusal
+changes nothing; the dict pool answers the same.
 
-* numba's on-disk cache (``cache=True``) with nowhere to write: importing the kernels raised, so
-  ``available()`` said yes and ``KVCacheManager()`` (index ``"auto"``) failed to build.
-* Hashes whose widths only add up (24 + 8 bytes for a 16-byte index) were entered as keys that are
-  neither, silently.
-* ``publish_many`` with more hashes than blocks: the compiled insertion read past the blocks array
-  (a segfault); blocks and hashes now pair as ``zip`` pairs them, as in the dict pool.
-* ``cache_many`` (host demotions) and ``publish_many``'s per-block path raised on a hash the index
-  cannot key only after claiming blocks / publishing the ones before it.
-* ``publish`` of a block past the index's rows wrote memory past its arrays.
-* A bytes-like key that ``bytes.join`` refuses let StopIteration out of lookups.
-* (fixed in manager._as_prompt) ``admit`` of another manager's hash-only prompt with integer ids.
+* The kernels import, and the default manager (index ``"auto"``) builds, where numba's on-disk
+  cache (``cache=True``) has nowhere to write.
+* Hashes whose widths only add up (24 + 8 bytes for a 16-byte index) are refused, not entered as
+  keys that are neither.
+* ``publish_many`` pairs blocks and hashes as ``zip`` pairs them, as in the dict pool, however many
+  hashes come (the compiled insertion never reads past the blocks array).
+* ``cache_many`` (host demotions) and ``publish_many``'s per-block path check every hash before
+  claiming a block or publishing one.
+* ``publish`` of a block past the index's rows, alone or in a batch, raises IndexError before it
+  writes anything.
+* A bytes-like key that ``bytes.join`` refuses is a miss, never a StopIteration.
+* ``admit`` of another manager's hash-only prompt with integer ids changes nothing; pools past
+  32-bit slots are refused flat, and ``"auto"`` falls back to the dict index.
 """
 
 import os
@@ -23,7 +25,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(code: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -232,3 +234,44 @@ def test_pools_past_32_bit_slots_are_refused_flat_and_auto_falls_back_to_the_dic
         FlatBlockPool(MAX_BLOCKS + 1, 16, make_policy("lru"))
     assert type(KVCacheManager(MAX_BLOCKS + 1, 16).pool) is BlockPool       # empty: costs nothing
     assert type(KVCacheManager(MAX_BLOCKS, 16).pool) is FlatBlockPool
+
+
+# -- a batch publish of a block past the index's rows -------------------------------------------------------
+
+_PUBLISH_PAST_ROWS = r"""
+import hashlib, sys
+from prefixkv.flat.lru import CompiledLRU
+from prefixkv.flat.pool import FlatBlockPool
+n = int(sys.argv[1])
+pool = FlatBlockPool(2000, 4, CompiledLRU(), digest_size=16)
+blocks = pool.allocate(40, 4)                       # per-block rows for blocks 0..1023
+run = blocks[:n - 1] + [1500]                       # 1500: never handed out, past the rows
+hashes = [hashlib.blake2b(b"past-%d" % i, digest_size=16).digest() for i in range(n)]
+try:
+    pool.publish_run(run, hashes, None, 0)
+    print("published", pool.lookup(hashes[-1]))
+except IndexError as exc:
+    print("IndexError")
+pool.allocate(1900)                                  # touch the heap again
+print("alive")
+"""
+
+
+@pytest.mark.parametrize("n", [4, 20], ids=["list-path", "compiled-path"])
+def test_a_batch_publish_of_a_block_past_the_rows_raises(n):
+    """``publish`` of a block past the rows raises IndexError (above), and so must the batch
+    publish, as the dict pool's does (``block_hash[1500] = h`` on a 1,024-long list). An insertion
+    kernel that wrote the key row and flag of block 1500 past the ends of its arrays (no bounds
+    checks in numba) would report success and corrupt the heap (glibc aborts the process later:
+    "free(): invalid next size"). Run in a subprocess for that reason."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", _PUBLISH_PAST_ROWS, str(n)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert done.stdout.split() == ["IndexError", "alive"]
