@@ -62,22 +62,3 @@ def test_overflow_while_a_snapshot_is_out_is_not_a_scan_per_batch(follow):
     assert link.asking == "snapshot" and len(link.pending) <= limit
     assert max(link.pending) == 3 * limit + 1       # the newest are kept: the snapshot covers the oldest
     assert spent < 20 * baseline + 0.1, f"{limit} early batches took {spent:.3f} s, {baseline:.3f} s below the limit"
-
-
-def test_a_closed_stores_error_masks_the_urls_password():
-    """StoreClosed (new today) quoted the store's URL as given, password included, where every
-    other error of the tier masks it (redis_net.masked_url)."""
-    np = pytest.importorskip("numpy")
-    pytest.importorskip("redis")
-    from redis_fixtures import free_port
-
-    from prefixkv.tiers.fingerprint import Fingerprint, weights_digest
-    from prefixkv.tiers.redis_store import RedisBlockStore, StoreClosed
-
-    fp = Fingerprint(weights_digest([("w", np.arange(8, dtype=np.float32))]), "float16", layers=2, kv_heads=2,
-                     head_dim=8, block_size=4, hash_seed=7)
-    store = RedisBlockStore(f"redis://user:s3cret-pw@127.0.0.1:{free_port()}/0", fp)   # no round trip
-    store.close(0.0)
-    with pytest.raises(StoreClosed) as caught:
-        store.probe([bytes(16)])
-    assert "s3cret-pw" not in str(caught.value) and "127.0.0.1" in str(caught.value)

@@ -1,4 +1,6 @@
-"""One self-describing value per block: every damaged or foreign value is refused with its reason."""
+"""One self-describing value per block: every damaged or foreign value is refused with its reason;
+arguments of the wrong type (content, hashes, payload, value) are InvalidArgument naming them,
+before anything is encoded or any stored value is judged."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import os
 import numpy as np
 import pytest
 
+from prefixkv.errors import InvalidArgument
 from prefixkv.hashing import BlockHasher, encode_tokens
 from prefixkv.tiers.block_codec import FORMAT_VERSION, MAGIC, Reject, decode, encode, header_size
 from prefixkv.tiers.fingerprint import Fingerprint, weights_digest
@@ -130,3 +133,54 @@ def test_decode_returns_a_view_not_a_copy():
     out = check(v, 0)
     assert out.obj is v
     assert out.nbytes == FP.block_bytes
+
+
+# -- arguments of the wrong type ---------------------------------------------------------------------
+
+def _codec():
+    import numpy as np
+
+    from prefixkv.hashing import BlockHasher, encode_tokens
+    from prefixkv.tiers.fingerprint import Fingerprint, weights_digest
+
+    fp = Fingerprint(weights_digest([("w", np.arange(4, dtype=np.float32))]), "float16", 1, 1, 4, 2, hash_seed=3)
+    hasher = BlockHasher(2, seed=3)
+    tokens = encode_tokens([5, 6, 7, 8])
+    chain = hasher.hash_blocks(tokens, 0, 2, None)
+    return fp, hasher, chain, hasher.block_content(tokens, 1), bytes(range(fp.block_bytes))
+
+
+def test_codec_encode_refuses_content_that_is_not_bytes():
+    """bytes(content) turned a count into zero bytes (content=5 stored b'\\0' * 5) and a list of
+    small ints into other bytes; hashes given as str or int raised a bare TypeError. All are
+    InvalidArgument naming the argument, and nothing is encoded."""
+    from prefixkv.tiers.block_codec import encode
+
+    fp, hasher, chain, content, payload = _codec()
+    for kwargs, argument in ((dict(content=5), "content"), (dict(content=[1, 2, 3]), "content"),
+                             (dict(block_hash=chain[1].hex()[:16]), "block_hash"),
+                             (dict(parent_hash=12345), "parent_hash"), (dict(payload="x" * fp.block_bytes), "payload"),
+                             (dict(block_hash=chain[1][:8]), "block_hash"), (dict(payload=b"x"), "payload")):
+        args = dict(block_hash=chain[1], parent_hash=chain[0], payload=payload, content=content) | kwargs
+        with pytest.raises(InvalidArgument) as info:
+            encode(fp, args["block_hash"], args["parent_hash"], args["payload"], args["content"])
+        assert info.value.argument == argument
+
+
+def test_codec_decode_refuses_arguments_of_the_wrong_type_instead_of_rejecting_the_value():
+    """decode compared the stored bytes with a str / list content or hash: never equal, so every
+    value came back Reject.CONTENT / HASH, and RedisBlockStore.fetch deletes what decode rejects:
+    a caller's type mistake emptied the shared store. Now InvalidArgument, before any check."""
+    from prefixkv.tiers.block_codec import decode, encode
+
+    fp, hasher, chain, content, payload = _codec()
+    value = encode(fp, chain[1], chain[0], payload, content)
+    assert bytes(decode(value, fp, chain[1], chain[0], content)) == payload
+    for args, argument in (((value, fp, chain[1], chain[0], content.hex()), "content"),
+                           ((value, fp, chain[1], chain[0], list(content)), "content"),
+                           ((value, fp, chain[1].hex(), chain[0], content), "block_hash"),
+                           ((value, fp, chain[1], None, content), "parent_hash"),
+                           ((None, fp, chain[1], chain[0], content), "value")):
+        with pytest.raises(InvalidArgument) as info:
+            decode(*args)
+        assert info.value.argument == argument

@@ -1,4 +1,5 @@
-"""The compatibility fingerprint of a remote tier: every field that shapes KV bytes changes it."""
+"""The compatibility fingerprint of a remote tier: every field that shapes KV bytes changes it; bad
+fields are refused naming them, and integer-like ones (numpy ints) name the same fingerprint."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from prefixkv.errors import InvalidArgument
 from prefixkv.tiers.fingerprint import Fingerprint, UnpinnedHashSeed, derived_hash_seed, weights_digest
 
 WEIGHTS = weights_digest([("w", np.arange(12, dtype=np.float32))])
@@ -101,3 +103,47 @@ def test_the_package_and_its_pure_modules_import_neither_redis_nor_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+FP = Fingerprint(weights_digest([("w", np.arange(8, dtype=np.float32))]), "float16", layers=2, kv_heads=2,
+                 head_dim=8, block_size=4, hash_seed=7)
+
+
+# -- bad fields: InvalidArgument naming the field ---------------------------------------------------
+
+FP_ARGS = dict(weights=FP.weights, dtype="float16", layers=2, kv_heads=2, head_dim=8, block_size=4, hash_seed=7)
+
+
+@pytest.mark.parametrize("change, argument", [
+    ({"hash_algorithm": "md5"}, "hash_algorithm"), ({"dtype": "int4"}, "dtype"), ({"weights": b"x"}, "weights"),
+    ({"layout": ""}, "layout"), ({"layout": 5}, "layout"), ({"layers": 0}, "layers"),
+    # a float or a boolean dimension was taken (int(2.5) passed the check) and went into the digest as
+    # written: layers=2.0 and layers=2 named different fingerprints, so the replicas shared nothing
+    ({"layers": 2.0}, "layers"), ({"layers": 2.5}, "layers"), ({"kv_heads": True}, "kv_heads"),
+    ({"block_size": "4"}, "block_size"), ({"tp_size": 1.5}, "tp_size"), ({"tp_rank": 2}, "tp_rank"),
+    ({"tp_rank": 0.0}, "tp_rank"), ({"hash_seed": "7"}, "hash_seed"), ({"hash_seed": 7.0}, "hash_seed"),
+    ({"hash_seed": True}, "hash_seed"),
+])
+def test_bad_fingerprint_fields_are_refused_naming_them(change, argument):
+    with pytest.raises(InvalidArgument) as info:
+        Fingerprint(**{**FP_ARGS, **change})
+    assert info.value.argument == argument
+
+
+def test_integer_like_fingerprint_fields_name_the_same_fingerprint():
+    assert Fingerprint(**{**FP_ARGS, "layers": np.int64(2), "hash_seed": np.uint32(7)}).digest == FP.digest
+    assert type(Fingerprint(**{**FP_ARGS, "layers": np.int64(2)}).layers) is int
+
+
+def test_weights_digest_and_dtype_refusals_name_the_argument():
+    from prefixkv.tiers.fingerprint import canonical_dtype
+
+    with pytest.raises(InvalidArgument) as info:
+        weights_digest([("w", np.zeros(2)), ("w", np.ones(2))])
+    assert info.value.argument == "named_tensors" and "twice" in str(info.value)
+    with pytest.raises(InvalidArgument, match="at least one") as info:
+        weights_digest([])
+    assert info.value.argument == "named_tensors"
+    with pytest.raises(InvalidArgument) as info:
+        canonical_dtype("int4")
+    assert info.value.argument == "dtype"

@@ -226,3 +226,23 @@ def test_a_host_run_with_device_blocks_inside_loads_only_what_the_device_lacks(i
     assert mgr.admit("b", tokens, compute_last_token=False) == 16
     assert len(mgr.take_loads()) == 1
     mgr.check_invariants()
+
+
+def test_host_tier_events_store_parents_before_children():
+    """The device evicts a chain tail first and the host stored the batch in that order, so a
+    child's BlockStored(medium="CPU") came before its parent's; consumers are promised parents first."""
+    from prefixkv import KVCacheManager
+    from prefixkv.events import BlockStored
+
+    mgr = KVCacheManager(8, 4, hash_seed=0, num_host_blocks=16, host_cache=True, record_events=True)
+    a = mgr.admit("a", list(range(24)))         # 6 full blocks, one chain
+    mgr.free("a")
+    mgr.drain_events()
+    mgr.admit("b", list(range(100, 132)))       # 8 blocks: the whole chain of a is evicted to the host
+    stored = [e for e in mgr.drain_events() if isinstance(e, BlockStored) and e.medium == "CPU"]
+    assert len(stored) == 6
+    seen = set()
+    for event in stored:
+        assert event.parent_hash is None or event.parent_hash in seen, "a child before its parent"
+        seen.add(event.block_hash)
+    assert a is not None

@@ -1,4 +1,5 @@
-"""The Redis block store against a real redis-server: round trips, verification, writer, operators.
+"""The Redis block store against a real redis-server: round trips, verification, writer, operators
+(``clear`` deletes block keys only, never another application's), bounded deletions.
 
 Acceptance points of issue 14 covered here at the store level: 3 (corruption: zero bad blocks
 loaded, each counted by reason) and 4 (writing 4x maxmemory: zero errors, only misses).
@@ -279,3 +280,74 @@ def test_a_store_against_nothing_fails_soft(tmp_path):
         assert store.put(blocks.chain, 0, blocks.payloads) == 0
         s = store.stats()
         assert s.breaker_opens == 1 and s.nodes_down == 1 and s.short_circuits >= 2
+
+
+def test_clear_leaves_other_applications_keys_alone(server, raw):
+    """``clear()`` SCANned ``pkv:v*``: an application sharing the server with keys such as
+    ``pkv:visits`` lost them. Only keys shaped like block keys are deleted."""
+    raw.set(b"pkv:visits", b"12")
+    raw.set(b"pkv:v2-notes", b"x")
+    blocks = Blocks(FP, 3, seed=15)
+    with RedisBlockStore(server.url, FP) as store:
+        stored(store, blocks)
+        assert store.clear() == 3
+        assert store.probe(blocks.chain) == 0
+        stored(store, blocks)
+        assert store.clear(FP.hex) == 3
+    assert raw.get(b"pkv:visits") == b"12" and raw.get(b"pkv:v2-notes") == b"x"
+
+
+def test_negative_start_is_refused_by_probe_and_fetch(server):
+    """``fetch(chain, -2, 3)`` of a 16-block chain returned blocks 14, 15, 0, 1, 2 (negative
+    indices wrapped to the chain's end) as five consecutive blocks; ``put`` already refused it."""
+    blocks = Blocks(FP, 16, seed=16)
+    with RedisBlockStore(server.url, FP) as store:
+        stored(store, blocks)
+        with pytest.raises(ValueError):
+            store.fetch(blocks.chain, -2, 3)
+        with pytest.raises(ValueError):
+            store.probe(blocks.chain, -1)
+        assert store.fetch(blocks.chain, 0, 3).count == 3 and store.probe(blocks.chain, 0) == 16
+
+
+def test_pending_deletions_are_bounded_and_each_key_is_queued_once(server, raw):
+    """Every refused value queued its key for an UNLINK in a list with no bound and no
+    deduplication: while the writer was busy (a hung node, a long batch), repeated reads of bad
+    values grew it without limit. Now it is a set bounded by ``queue_blocks``; the excess is
+    dropped and counted (the next read refuses the value again and retries)."""
+    from prefixkv.tiers.block_codec import Reject
+
+    chains = [Blocks(FP, 1, seed=100 + i) for i in range(10)]
+    with RedisBlockStore(server.url, FP, RedisStoreConfig(queue_blocks=4)) as store:
+        for b in chains:
+            stored(store, b)
+        for b in chains:
+            raw.setrange(store.keys.key(b.chain, 0), 0, b"XXXX")          # bad magic
+        with store.writer._cv:       # the writer cannot take work while this thread holds its lock
+            for _ in range(3):
+                for b in chains:
+                    assert store.fetch(b.chain, 0, 1).stop is Reject.BAD_MAGIC
+            s = store.stats()
+            assert s.delete_queue == 4 and s.deletes_dropped == 18      # 6 keys over the bound, 3 times
+        assert store.flush()
+        s = store.stats()
+        assert s.rejected == {"bad_magic": 30} and s.bad_keys_deleted == 4 and s.delete_queue == 0
+        assert sum(raw.exists(store.keys.key(b.chain, 0)) for b in chains) == 6
+
+
+def test_clear_spares_other_applications_keys_that_pass_the_scan_pattern(server, raw):  # noqa: F811
+    """SCAN's glob cannot say 'digits only' (``v[0-9]*`` is one digit and then anything), so another
+    application's ``pkv:v2:sessions:<32 hex digits>:{u}:x`` matched and clear() deleted it. Keys are
+    now checked against the exact block-key shape before the UNLINK."""
+    fp_hex = "0123456789abcdef0123456789abcdef"
+    others = [f"pkv:v2:sessions:{fp_hex}:{{u}}:x", f"pkv:v1:{fp_hex}:{{user-7}}:profile",
+              f"pkv:v1:{FP.hex}:{{0123456789abcdef}}:notes"]
+    for key in others:
+        raw.set(key, b"keep")
+    blocks = Blocks(FP, 3, seed=8)
+    with RedisBlockStore(server.url, FP) as store:
+        stored(store, blocks, contents=True)
+        assert store.clear() == 3
+        stored(store, blocks, contents=True)
+        assert store.clear(FP.hex) == 3
+    assert [raw.get(k) for k in others] == [b"keep"] * 3

@@ -1,5 +1,6 @@
-"""Review defects of the remote tier's model digest (``prefixkv.tiers.remote.model_weights_digest``):
-everything that shapes a model's KV bytes must reach the fingerprint."""
+"""The remote tier's model digest (``prefixkv.tiers.remote.model_weights_digest``): everything that
+shapes a model's KV bytes reaches the fingerprint (rope theta and scaling, norm epsilon, the engine
+wrapper of a Hugging Face model); a model without weights is refused naming it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from prefixkv.engine import TinyLlama, TinyLlamaConfig  # noqa: E402
+from prefixkv.errors import InvalidArgument  # noqa: E402
 from prefixkv.tiers.remote import model_weights_digest  # noqa: E402
 
 
@@ -69,3 +71,12 @@ def test_the_engine_wrapper_of_a_hugging_face_model_has_a_digest():
     b.load_state_dict(a.state_dict())
     digest = model_weights_digest(b)
     assert model_weights_digest(HFEngineModel(a)) == digest
+
+
+def test_model_weights_digest_of_a_model_without_weights_names_model():
+    pytest.importorskip("torch")
+    from prefixkv.tiers.remote import model_weights_digest
+
+    with pytest.raises(InvalidArgument) as info:
+        model_weights_digest(object())
+    assert info.value.argument == "model"
