@@ -1,15 +1,18 @@
 """The fleet simulator and ``prefixkv fleet``: the issue's acceptance points on smaller slices.
 
 Full-size figures (whole conversation trace, built-in ``large``) are in benches/RESULTS.md;
-the simulator is deterministic, so these thresholds cannot flake.
+the simulator is deterministic, so these thresholds cannot flake. Waits do not depend on where the
+trace's clock starts; a trace out of arrival order is refused, and so are FleetConfig's bad numbers.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from prefixkv.fleet.cli import main
@@ -81,3 +84,56 @@ def test_fleet_command_refuses_bad_capacity(capsys):
     with pytest.raises(SystemExit):
         main(["--capacity", "0%"])
     assert "percentage" in capsys.readouterr().err
+
+
+# -- the simulator's waits and arrival order -----------------------------------------------------
+
+def test_simulated_queue_waits_do_not_depend_on_where_the_trace_clock_starts():
+    """Waits were (relative now) - (absolute timestamp): a trace whose first request is not
+    at t=0 (a slice of a trace, a kv-cache-tester file) got waits shifted by its start."""
+    base = builtin_trace("default")
+    requests = base.requests[:60]
+    at_zero = simulate(Trace(requests, base.block_size), FleetConfig(replicas=2, capacity=200))
+    shifted = [replace(r, timestamp=r.timestamp + 1000.0) for r in requests]
+    later = simulate(Trace(shifted, base.block_size), FleetConfig(replicas=2, capacity=200))
+    assert min(later.waits) >= 0.0
+    assert later.waits == pytest.approx(at_zero.waits, abs=1e-6)
+    assert later.as_dict()["p99_wait_s"] == pytest.approx(at_zero.as_dict()["p99_wait_s"], abs=1e-6)
+
+
+def test_a_trace_out_of_arrival_order_is_refused_by_the_simulator():
+    """Arrivals went back in simulated time (before prefills already finished): the run ended
+    with figures for a timeline that never was. Loaders refuse such files; a Trace built in
+    code is now refused the same way."""
+    base = builtin_trace("default")
+    shuffled = [base.requests[1], base.requests[0], *base.requests[2:20]]
+    assert shuffled[0].timestamp > shuffled[1].timestamp
+    with pytest.raises(ValueError, match=r"request 1: timestamp .* earlier than"):
+        simulate(Trace(shuffled, base.block_size), FleetConfig(replicas=2, capacity=200))
+
+
+# -- FleetConfig's numbers ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field, value", [
+    ("speedup", 0), ("speedup", -1.0), ("speedup", math.nan), ("speedup", math.inf), ("speedup", "2"),
+    ("speedup", True),
+    ("predict_ttl_s", 0), ("predict_ttl_s", math.nan), ("predict_ttl_s", -1.0),
+    ("lower_tier_credit", math.nan), ("lower_tier_credit", 1.5),
+    ("decode_share", math.nan), ("decode_share", math.inf), ("decode_share", -0.5),
+    ("guard_slack", math.nan), ("guard_slack", -1.0),
+    ("replicas", 2.5), ("replicas", math.nan), ("replicas", True),
+    ("capacity", 2.5), ("capacity", math.nan),
+    ("event_delay", 0.5), ("event_delay", math.nan),
+    ("seed", 1.5),
+])
+def test_fleet_config_refuses_bad_numbers_naming_the_field(field, value):
+    # all of these were accepted: speedup 0 divided by zero later, nan/inf/negative gave meaningless costs
+    with pytest.raises(ValueError, match=field):
+        FleetConfig(**{"replicas": 2, "capacity": 10, field: value})
+
+
+def test_fleet_config_keeps_valid_numbers():
+    config = FleetConfig(replicas=np.int64(2), capacity=10, speedup=2, predict_ttl_s=math.inf, guard_slack=math.inf,
+                         lower_tier_credit=1, decode_share=0, event_delay=0, seed=-3)
+    assert config.speedup == 2 and config.replicas == 2
+    assert FleetConfig(replicas=1, capacity=1, speedup=0.5).speedup == 0.5

@@ -1,7 +1,8 @@
 """Real ZMQ on 127.0.0.1: four worker processes publishing, one router following them.
 
 Targets (gap repaired in 1 s, 3 missed heartbeats) are measured and reported; the bounds
-here are generous (>= 5x) so a busy 2-core machine cannot make them flake.
+here are generous (>= 5x) so a busy 2-core machine cannot make them flake. The worker tool
+answers a bad command with an error and keeps serving.
 """
 
 from __future__ import annotations
@@ -147,3 +148,43 @@ def test_a_refused_fleet_router_leaves_no_zmq_context_behind(monkeypatch, kwargs
     with pytest.raises((ValueError, KeyError)):
         subscriber.FleetRouter(**options)
     assert made == []
+
+
+def test_the_worker_tool_answers_a_bad_command_with_an_error_and_keeps_serving():
+    """A line that is not JSON, a command without its fields or an unknown op used to kill the
+    worker with a traceback (an unknown op was even answered "ok")."""
+    import json
+    import queue
+    import subprocess
+    import sys
+    import threading
+
+    proc = subprocess.Popen([sys.executable, "-m", "prefixkv.fleet.worker", "--worker-id", "w0",
+                             "--heartbeat-interval", "1"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True)
+    reader.start()
+
+    def ask(line: str) -> dict:
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+        return json.loads(lines.get(timeout=BOUND_S))
+
+    try:
+        hello = json.loads(lines.get(timeout=60))
+        assert hello["worker_id"] == "w0"
+        assert "not JSON" in ask("{nope")["error"]
+        assert "'id'" in ask(json.dumps({"op": "admit", "tokens": [1, 2, 3, 4, 5]}))["error"]
+        assert "'bogus'" in ask(json.dumps({"op": "bogus"}))["error"]
+        assert ask(json.dumps({"op": "admit", "id": "a", "tokens": list(range(9))})) == {"ok": "admit"}
+        assert "error" in ask(json.dumps({"op": "admit", "id": "a", "tokens": list(range(9))}))
+        assert ask(json.dumps({"op": "free", "id": "a"})) == {"ok": "free"}
+        proc.stdin.close()
+        assert proc.wait(BOUND_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(BOUND_S)
+        proc.stdout.close()
+        proc.stderr.close()

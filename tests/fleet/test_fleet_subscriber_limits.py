@@ -1,13 +1,13 @@
-"""Second review of today's fleet / tiers changes (787dbfc..): each test pins one defect found."""
+"""The subscriber over hours and floods, on a scripted worker and a test clock moved by hand: the
+retry back-off of a replay request never answered stays bounded (``poll`` keeps working after
+thousands of retries), and a flood of early batches while a snapshot is out costs no scan per batch.
+"""
 
 from __future__ import annotations
 
 import time
 
-import pytest
-
-from fleet_doubles import BOUND_S, follow, live_link, stored, until  # noqa: F401 (fixture)
-from redis_fixtures import needs_redis, redis_server, server  # noqa: F401 (fixtures)
+from fleet_doubles import follow, live_link, stored, until  # noqa: F401 (fixture)
 
 from prefixkv.fleet import subscriber as subscriber_module
 from prefixkv.fleet import wire
