@@ -79,3 +79,109 @@ def test_ray_loads_and_puts_each_trace_once(tmp_path, local_ray, monkeypatch):
     assert len(results) == 30
     assert sorted(loads) == sorted(s.paths[0] for s in sources)
     assert [t.path for t in puts] == [s.paths[0] for s in sources]
+
+
+# -- a worker process that dies (killed for memory, a crashing extension) ends the sweep naming its cell --
+
+_CRASH_SCRIPT = """
+import os, sys
+from prefixkv.policies import LRUPolicy, register
+from prefixkv.sim import sweep as sweep_mod
+from prefixkv.sim.sweep import SweepCellError, TraceSource, sweep
+
+PARENT = os.getpid()
+
+class DiesInWorker(LRUPolicy):
+    name = "dies"
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if os.getpid() != PARENT:
+            os._exit(3)
+
+register("dies", DiesInWorker)
+source = TraceSource("default", (sys.argv[1],), "tokens")
+try:
+    sweep([source], ["lru", "dies"], {"default": [50, 100]}, workers=2)
+except SweepCellError as exc:
+    print("ERROR", exc)
+"""
+
+
+def test_a_worker_that_dies_ends_the_sweep_naming_its_cell(source):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _CRASH_SCRIPT, source.paths[0]], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)       # the pool waited forever for the lost cell
+        proc.communicate()
+        pytest.fail("the sweep hung after a worker process died")
+    assert proc.returncode == 0, err
+    assert out.startswith("ERROR default, policy dies, capacity "), out
+    assert "worker process" in out and "died" in out
+
+
+class _FakeRay:
+    """Just what ``ray_backend.run_cells`` calls; a task's outcome is decided by ``outcome(cell)``."""
+
+    class TaskError(Exception):
+        pass
+
+    def __init__(self, outcome):
+        self.outcome = outcome
+        self.cancelled = []
+        self.shut_down = False
+
+    def is_initialized(self):
+        return False
+
+    def init(self, **kwargs):
+        pass
+
+    def shutdown(self):
+        self.shut_down = True
+
+    def put(self, value):
+        return value
+
+    def remote(self, **kwargs):
+        fake = self
+
+        def wrap(fn):
+            class Task:
+                @staticmethod
+                def remote(cell, trace, options):
+                    return ("ref", cell)
+            return Task
+        return wrap
+
+    def wait(self, refs, num_returns=1):
+        return refs[:1], refs[1:]
+
+    def get(self, ref):
+        return self.outcome(ref[1])
+
+    def cancel(self, ref, force=False):
+        self.cancelled.append(ref)
+
+
+def test_a_ray_task_that_fails_outside_replay_is_named(source, monkeypatch):
+    # a Ray worker killed for memory (or a cell that cannot be deserialised) fails in ray.get,
+    # outside replay_cell's error record: the sweep's error must still name the cell
+    import sys
+
+    def outcome(cell):
+        if cell.capacity == 100:
+            raise _FakeRay.TaskError("The worker died unexpectedly while executing this task")
+        return {"policy": cell.policy, "capacity": cell.capacity, "trace": cell.source.label}
+
+    fake = _FakeRay(outcome)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with pytest.raises(SweepCellError, match=r"^default, policy lru, capacity 100: TaskError: The worker died"):
+        sweep([source], ["lru"], {"default": [50, 100, 200]}, backend="ray")
+    assert fake.shut_down and len(fake.cancelled) == 1       # the cell still pending is cancelled

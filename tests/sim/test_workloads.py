@@ -1,27 +1,12 @@
-"""Review of hashing.py, prompt.py and sim/workloads.py: each test pins one defect that was found
-(or, as xfail strict, one whose fix lies outside those files or would change digests).
-
-Digest pins first: no fix here may change a hash of an input that was accepted and well formed, except
-the multimodal one: an item's length is hashed since (it was a collision; see the test below).
-
-Fixed: extra keys of a type the hasher cannot encode accepted when made, failing in match/admit;
-overlapping multimodal items accepted; BlockHasher taking True / 4.0 as a block size; hash_blocks
-hashing leftover tokens as a full block; WorkloadConfig seed=None (a different trace per call);
-session_rate=inf hanging the generator; int fields taking floats/bools, vocab_size past 2**32;
-empty system prompts (zero-length requests); malformed mix entries.
-Fixed by the lead: a multimodal item's length was not hashed (a collision).
-Fixed by the lead: mgr.prompt accepting multimodal items past its tokens; multimodal item order
-changing digests (items are kept sorted by start).
-"""
+"""The synthetic workload generator's configuration (``WorkloadConfig``): a fixed, non-negative int
+seed (the same config gives the same trace), finite rates, times and means, numbers where numbers
+are due, int counts in range (vocabularies up to 2**32), prompts never empty, and mix entries that
+are (kind, weight) pairs."""
 
 import math
 
 import pytest
-import xxhash
 
-from prefixkv import BlockHasher, ExtraKeys, KVCacheManager, MultiModalItem
-from prefixkv.errors import InvalidArgument
-from prefixkv.hashing import encode_tokens
 from prefixkv.sim.workloads import WorkloadConfig, generate_requests
 
 

@@ -1,6 +1,6 @@
-"""Review of the trace loaders and the token-trace writer: bad or unusual input (a byte-order mark,
-huge numbers, duplicate keys, bad arguments) and how often a trace is parsed. Each test was written
-to fail first."""
+"""The trace loaders and the token-trace writer on bad or unusual input: a byte-order mark, numbers
+too large for a float, duplicate keys, bad arguments (InvalidArgument naming them); and how often a
+trace is parsed (a one-line kv-cache-tester document, once)."""
 
 from __future__ import annotations
 
