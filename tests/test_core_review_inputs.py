@@ -25,46 +25,6 @@ def _named(error, argument, *fragments, was=ValueError):
     assert type(copy) is type(error) and str(copy) == str(error)
 
 
-# -- engine requests ---------------------------------------------------------------------------------
-
-def test_prompt_tensors_must_be_one_dimensional_naming_the_shape():
-    torch = pytest.importorskip("torch")
-    from prefixkv.engine.request import InvalidRequestTokens, check_prompt_tokens
-
-    # an [N, 1] tensor (a batch of one column) was read as N tokens
-    for prompt in (torch.tensor([[1], [2], [3]]), np.array([[1], [2], [3]]), torch.tensor([[1, 2]]),
-                   torch.tensor(5)):
-        with pytest.raises(InvalidRequestTokens, match=r"one-dimensional.*shape \(") as info:
-            check_prompt_tokens(prompt, 100, request_id="r")
-        assert "request 'r'" in str(info.value)
-        copy = pickle.loads(pickle.dumps(info.value))
-        assert str(copy) == str(info.value)
-    with pytest.raises(InvalidRequestTokens, match="prompt 2 of the batch.*shape"):
-        check_prompt_tokens(np.zeros((2, 2), np.int64), None, prompt_index=2)
-    assert check_prompt_tokens(torch.tensor([4, 5]), 100, request_id="r") == (4, 5)
-    assert check_prompt_tokens(np.array([4, 5]), 100, request_id="r") == (4, 5)
-
-
-def test_a_boolean_tensor_token_is_named_by_its_dtype():
-    torch = pytest.importorskip("torch")
-    from prefixkv.engine.request import InvalidRequestTokens, check_prompt_tokens
-
-    with pytest.raises(InvalidRequestTokens, match=r"position 0 is not an integer \(.*torch\.bool") as info:
-        check_prompt_tokens(torch.tensor([True, False]), 100, request_id="r")
-    assert "(Tensor)" not in str(info.value)
-    with pytest.raises(InvalidRequestTokens, match=r"position 1 is not an integer \(.*float32"):
-        check_prompt_tokens([1, np.float32(2.0)], 100, request_id="r")
-    with pytest.raises(InvalidRequestTokens, match=r"not an integer \(str\)"):
-        check_prompt_tokens([1, "2"], 100, request_id="r")
-
-
-def test_a_prompt_that_is_not_a_sequence_is_refused_naming_the_request():
-    from prefixkv.engine.request import InvalidRequestTokens, check_prompt_tokens
-
-    with pytest.raises(InvalidRequestTokens, match="request 'r'.*int"):
-        check_prompt_tokens(5, 100, request_id="r")
-
-
 # -- KVStore -----------------------------------------------------------------------------------------
 
 def _store(num_blocks=4, block_size=2, host_blocks=4):

@@ -58,49 +58,6 @@ def test_fleet_refuses_an_empty_trace_path(capsys, no_builtin):
     assert info.value.code == 2 and "--trace" in err and SENTINEL not in err
 
 
-# -- 5: check_prompt_tokens and booleans ------------------------------------------------------------
-
-@pytest.mark.parametrize("bad", [True, False])
-def test_check_prompt_tokens_refuses_booleans(bad):
-    # True/False were taken as token ids 1 and 0
-    with pytest.raises(InvalidRequestTokens) as info:
-        check_prompt_tokens([5, bad, 7], 100, request_id="r1")
-    assert info.value.position == 1 and info.value.token is bad
-    assert "'r1'" in str(info.value) and "position 1" in str(info.value) and "bool" in str(info.value)
-    with pytest.raises(InvalidRequestTokens, match="prompt 3 of the batch.*position 0"):
-        check_prompt_tokens([bad], None, prompt_index=3)
-
-
-def test_check_prompt_tokens_refuses_boolean_tensors_and_keeps_integers():
-    torch = pytest.importorskip("torch")
-    with pytest.raises(InvalidRequestTokens, match="position 2"):
-        check_prompt_tokens([1, 0, torch.tensor(True)], 100, request_id="r")
-    with pytest.raises(InvalidRequestTokens, match="position 0"):
-        check_prompt_tokens(torch.tensor([True, False]), 100, request_id="r")
-    assert check_prompt_tokens([1, np.int64(2), torch.tensor(3)], 100, request_id="r") == (1, 2, 3)
-    assert check_prompt_tokens(torch.tensor([4, 5]), 100, request_id="r") == (4, 5)
-
-
-# -- 6: model_vocab_size ----------------------------------------------------------------------------
-
-@pytest.mark.parametrize("value", [256.7, math.nan, math.inf, True, "256"])
-def test_model_vocab_size_refuses_a_non_integer(value):
-    # int(256.7) silently became 256
-    with pytest.raises(ValueError, match="vocab_size"):
-        model_vocab_size(SimpleNamespace(vocab_size=value))
-    with pytest.raises(ValueError, match="vocab_size"):
-        model_vocab_size(SimpleNamespace(config=SimpleNamespace(vocab_size=value)))
-
-
-def test_model_vocab_size_keeps_integers():
-    assert model_vocab_size(SimpleNamespace(vocab_size=256)) == 256
-    assert model_vocab_size(SimpleNamespace(vocab_size=np.int64(64))) == 64
-    assert model_vocab_size(SimpleNamespace(config=SimpleNamespace(vocab_size=32000.0))) == 32000
-    assert model_vocab_size(SimpleNamespace()) is None
-    with pytest.raises(ValueError, match="positive"):
-        model_vocab_size(SimpleNamespace(vocab_size=0))
-
-
 def test_plot_dir_refuses_an_empty_name(tmp_path):
     """``plot_dir('')`` read '' as the current directory (as ``Path('')`` does): it is refused, as
     ``plot_file('')`` is, whoever calls it."""

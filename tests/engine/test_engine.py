@@ -10,9 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from prefixkv.costs import GiB, PreemptionCostModel  # noqa: E402
 from prefixkv.engine import (Engine, RequestStatus, SamplingParams,  # noqa: E402
                              SchedulerConfig, SimulatedClock, StepOutput, TinyLlama, TinyLlamaConfig)
-from prefixkv.costs import GiB, PreemptionCostModel  # noqa: E402
 from prefixkv.engine.sampling import sample  # noqa: E402
 
 B = 4
@@ -461,3 +461,18 @@ def test_generate_demo_command(capsys):
     assert args.func(args) == 0
     text = capsys.readouterr().out
     assert "prefill tokens saved" in text and "outputs identical: yes" in text
+
+
+def test_run_waits_for_requests_that_arrive_later_on_a_simulated_clock(model):
+    """Nothing running and every waiting request arriving in the future: run() moves the clock to
+    the next arrival and carries on (it used to raise 'no request can be scheduled', because the
+    empty step had already moved the clock there)."""
+    engine = Engine.from_model(model, num_blocks=20, block_size=4, clock=SimulatedClock())
+    first = engine.add_request([1, 2, 3], max_new_tokens=2, arrival_time=1.0)
+    second = engine.add_request([4, 5, 6, 7], max_new_tokens=3, arrival_time=5.0)
+    engine.run()
+    assert engine.request(first).status is RequestStatus.FINISHED
+    assert engine.request(second).status is RequestStatus.FINISHED
+    assert engine.clock.now() >= 5.0
+    engine.manager.check_invariants()
+    assert engine.manager.stats().active_blocks == 0

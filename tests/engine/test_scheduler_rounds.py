@@ -1,5 +1,10 @@
-"""Defects found in review of the scheduler, its plan/capacity/request/metrics modules and the
-Prometheus metrics (each test failed before its fix)."""
+"""The scheduler's rounds, without a model (an echo executor): ``commit`` refuses a round it cannot
+apply (or one it already applied) before anything changes; ``when_full="wait"`` preempts only when
+nothing else could run; a failed step or round undoes its block moves (demotions, loads, swaps,
+copy-on-write copies) and a release whose session hint fails still gives the blocks back; the
+executor's tokens and the plans handed back are checked; a one-token re-prefill chunk is not a
+decode; bad clock steps, requests and limits are refused; and the Prometheus series of a watched
+manager and engine (each once, steps counted when run, host blocks split cached / free)."""
 
 from __future__ import annotations
 
@@ -347,7 +352,7 @@ def test_host_block_gauges_split_cached_from_free():
     assert host("active") + host("cached") + host("free") == mgr.num_host_blocks
 
 
-# -- bad input accepted silently ------------------------------------------------------------------
+# -- bad input refused: clock steps, requests, limits ---------------------------------------------
 @pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1.0])
 def test_simulated_clock_refuses_a_step_that_is_not_a_finite_duration(seconds):
     """NaN passed the ``seconds < 0`` check and turned the clock (and every later time) into NaN."""
