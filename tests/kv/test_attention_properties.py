@@ -147,7 +147,7 @@ def _emulator():
     import sys
     from pathlib import Path
 
-    here = str(Path(__file__).resolve().parent)
+    here = str(Path(__file__).resolve().parents[1])      # tests/, where cuda_emu is
     if here not in sys.path:
         sys.path.insert(0, here)
     from cuda_emu import harness
@@ -165,7 +165,7 @@ def emu():
 
     from prefixkv.kv import cuda_kernels as ck
 
-    source = Path(__file__).resolve().parent.parent / "kernels" / ck.SOURCE
+    source = Path(__file__).resolve().parents[2] / "kernels" / ck.SOURCE
     return harness, harness.build(source, ck.all_kernel_names())
 
 

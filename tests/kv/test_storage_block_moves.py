@@ -1,4 +1,6 @@
-"""Review of KVStore's block moves and BlockCopies: every case against a plain per-block loop."""
+"""KVStore's block moves (copy, demote, load, swap out and in, transfer) and the BlockCopies they
+take: every form of the pairs against a plain per-block loop; ids that are not integers or are out
+of range, pairs that are not pairs, layers, sizes and lengths are refused before a block moves."""
 
 from __future__ import annotations
 

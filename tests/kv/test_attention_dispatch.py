@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from prefixkv.kv import attention as attn  # noqa: E402
 from prefixkv.kv import cuda_kernels as ck  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))      # tests/, where cuda_emu is
 from cuda_emu import harness  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
@@ -41,7 +41,7 @@ def cuda(t):
 
 @pytest.fixture(scope="module")
 def emulated(request):
-    source = Path(__file__).resolve().parent.parent / "kernels" / ck.SOURCE
+    source = Path(__file__).resolve().parents[2] / "kernels" / ck.SOURCE
     return harness.build(source, ck.all_kernel_names())
 
 

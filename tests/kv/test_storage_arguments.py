@@ -1,18 +1,14 @@
-"""Bad arguments to the core (pool, KV store, sizing, hashing, manager, engine requests) raise
-``InvalidArgument`` naming the argument, catchable as the ValueError / TypeError they raised before;
-numpy integers are accepted where ints are, consistently; a failed call changes nothing."""
+"""KVStore's calls name the bad argument (InvalidArgument, still the ValueError / TypeError raised
+before, its message kept through pickling) and change neither pool; bad sizes and dtypes are named.
+Each test skips without torch."""
 
 import pickle
 
-import numpy as np
 import pytest
 
-from prefixkv import InvalidArgument, KVCacheManager
+from prefixkv import InvalidArgument
 from prefixkv.copies import BlockCopies
-from prefixkv.hashing import BlockHasher, ExtraKeys, MultiModalItem, _typed, as_hash_list
-from prefixkv.pool import BlockPool
-from prefixkv.policies import make_policy
-from prefixkv.sizing import KVSpec, parse_size, plan, tail_waste
+from prefixkv.sizing import KVSpec
 
 
 def _named(error, argument, *fragments, was=ValueError):
@@ -24,8 +20,6 @@ def _named(error, argument, *fragments, was=ValueError):
     copy = pickle.loads(pickle.dumps(error))
     assert type(copy) is type(error) and str(copy) == str(error)
 
-
-# -- KVStore -----------------------------------------------------------------------------------------
 
 def _store(num_blocks=4, block_size=2, host_blocks=4):
     torch = pytest.importorskip("torch")
