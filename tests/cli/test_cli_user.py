@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -360,3 +361,26 @@ def test_the_state_machine_takes_its_size_from_the_profile():
                             env={**os.environ, "PREFIXKV_HYPOTHESIS_PROFILE": "quick"})
     assert result.returncode == 0, result.stdout[-2000:]
     assert "10 passing" in result.stdout
+
+
+# -- output files -------------------------------------------------------------------------------
+
+def test_atomic_files_follow_the_umask_and_keep_a_replaced_files_mode(tmp_path):
+    # mkstemp's 0600 was renamed into place: plots and traces others could not read
+    from prefixkv.outputs import atomic_path
+
+    old = os.umask(0o022)
+    try:
+        fresh = tmp_path / "fresh.png"
+        with atomic_path(fresh) as tmp:
+            tmp.write_bytes(b"x")
+        assert stat.S_IMODE(fresh.stat().st_mode) == 0o644
+        kept = tmp_path / "kept.jsonl"
+        kept.write_text("old")
+        kept.chmod(0o640)
+        with atomic_path(kept) as tmp:
+            tmp.write_text("new")
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o640 and kept.read_text() == "new"
+    finally:
+        os.umask(old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh.png", "kept.jsonl"]

@@ -1,20 +1,42 @@
-"""Small input-validation defects: bad input that was silently accepted (or ignored) is refused with a
-message naming the flag, field or position. Each test failed before its fix; all run in milliseconds
-(the built-in workloads are replaced by a sentinel, so a refusal that does not happen fails fast)."""
+"""Paths on the command line: an empty one (an empty shell variable) is refused naming its flag,
+never read as the current directory, ignored, or replaced by the built-in workload (which a sentinel
+stands in for, so a refusal that does not happen fails fast); ``plot_dir('')`` is refused whoever
+calls it; a trace folder given with a trailing slash is named in messages."""
 
 from __future__ import annotations
 
-import math
-from types import SimpleNamespace
+import json
 
-import numpy as np
 import pytest
 
-from prefixkv.cli import main
 from cli_helpers import fails
-from prefixkv.engine.model import model_vocab_size
-from prefixkv.engine.request import InvalidRequestTokens, check_prompt_tokens
-from prefixkv.fleet.simulator import FleetConfig
+
+
+def _mooncake(path, rows):
+    path.write_text("".join(json.dumps({"timestamp": i, "input_length": 512 * len(ids), "output_length": 1,
+                                        "hash_ids": ids}) + "\n" for i, ids in enumerate(rows)))
+    return path
+
+
+@pytest.fixture
+def trace(tmp_path):
+    return _mooncake(tmp_path / "t.jsonl", [[1, 2, 3], [1, 2, 4], [5, 6], [1, 2, 3], [5, 6, 7], [1, 2, 4]])
+
+
+def test_an_empty_plot_path_is_refused_not_ignored(capsys, trace):
+    err = fails(capsys, "compare", "--trace", trace, "--capacities", 3, "--policies", "lru", "--plot=")
+    assert "--plot" in err
+
+
+def test_an_empty_trace_path_is_refused_not_read_as_the_current_directory(capsys, monkeypatch, trace):
+    monkeypatch.chdir(trace.parent)
+    err = fails(capsys, "replay", "--trace=", "--capacity", 3)
+    assert "--trace" in err
+    err = fails(capsys, "compare", "--trace", trace, "--trace=", "--capacities", 3, "--policies", "lru")
+    assert "--trace" in err
+
+
+# -- the built-in workload is never run in an empty path's place ---------------------------------------
 
 SENTINEL = "the built-in workload was used"
 
@@ -29,7 +51,7 @@ def no_builtin(monkeypatch):
     monkeypatch.setattr(workloads, "builtin_trace", refuse)
 
 
-# -- 1, 2: bench --trace '' / --plot '' ---------------------------------------------------------------
+# -- bench --trace '' / --plot '' ---------------------------------------------------------------------
 
 def test_bench_refuses_an_empty_trace_path(capsys, no_builtin):
     # --trace '' (an empty shell variable) ran the built-in workload instead
@@ -45,7 +67,7 @@ def test_bench_refuses_an_empty_plot_path(capsys, no_builtin):
     assert "--plot" in err and SENTINEL not in err
 
 
-# -- 3: fleet --trace '' ------------------------------------------------------------------------------
+# -- fleet --trace '' ---------------------------------------------------------------------------------
 
 def test_fleet_refuses_an_empty_trace_path(capsys, no_builtin):
     # --trace '' ran the built-in workload instead
