@@ -333,10 +333,9 @@ def test_an_unknown_host_policy_is_refused_before_the_device_policy_object_is_bo
 # -- a host policy object is refused before the device pool binds its policy ----------------------
 
 def test_the_same_policy_object_for_both_tiers_is_refused_before_anything_binds():
-    """8402e29 checked host policy names before the device pool was built, not objects: the same
-    object as device and host policy (or one serving another pool) was refused by the host tier's
-    pool, after the device pool had bound the device policy, which then could not serve the
-    corrected call."""
+    """Host policy objects are checked before the device pool is built, as names are: the same
+    object as device and host policy (or one serving another pool) is refused before the device
+    pool binds the device policy, which can then still serve the corrected call."""
     policy = make_policy("lru")
     with pytest.raises(InvalidArgument, match="host_policy"):
         KVCacheManager(8, 4, policy=policy, host_policy=policy, num_host_blocks=4)

@@ -230,8 +230,8 @@ def test_a_bad_option_in_a_spec_string_stays_an_invalid_argument_naming_it():
 # -- integer policy options given as integral floats ----------------------------------------------
 
 def test_integer_policy_options_take_integral_floats():
-    """b47cc79 refused fractions for s3fifo move_threshold / max_freq, slru protected_size and
-    PriorityPolicy min_priority, and with them 2.0, which the old code took and ran as 2."""
+    """s3fifo move_threshold / max_freq, slru protected_size and PriorityPolicy min_priority refuse
+    fractions, but take an integral float such as 2.0 and run it as the int 2."""
     s3 = S3FIFOPolicy(move_threshold=2.0, max_freq=3.0)
     assert (s3.move_threshold, s3.max_freq) == (2, 3) and type(s3.move_threshold) is int
     slru = SLRUPolicy(protected_size=4.0)

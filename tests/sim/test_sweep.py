@@ -118,8 +118,8 @@ def _trace():
 @pytest.mark.parametrize("fractions", [np.array([0.05, 0.1], dtype=np.float32), (np.float32(0.05), 0.1),
                                        np.array([0.05, 0.1])])
 def test_auto_capacities_takes_numpy_fractions(fractions):
-    """0cdeb25 checked fractions as Python ints/floats only: a numpy float32 (a fractions array read
-    with numpy) was refused as InvalidArgument, which auto_capacities took before."""
+    """Fractions checked as numbers take numpy ones too: a numpy float32 (a fractions array read
+    with numpy) gives what the equal Python floats give, not an InvalidArgument."""
     from prefixkv.sim.sweep import auto_capacities
 
     assert auto_capacities(_trace(), fractions) == auto_capacities(_trace(), (0.05, 0.1))

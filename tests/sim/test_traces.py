@@ -795,8 +795,8 @@ def _mooncake_file(tmp_path):
 
 
 def test_trace_loaders_take_a_numpy_integer_block_size(tmp_path):
-    """1c17c6c refused a block size that is not exactly an int: np.int64(16), which every loader
-    took before (a block size read with numpy), became InvalidArgument."""
+    """A block size must be an int, and a numpy integer is one: np.int64(16) (a block size read with
+    numpy) is taken by every loader."""
     from prefixkv.sim.traces import TraceRequest, load_mooncake, load_token_trace, load_trace, write_token_trace
 
     path = _mooncake_file(tmp_path)

@@ -49,8 +49,8 @@ def test_a_cluster_urls_query_options_are_refused_not_dropped(url):
 
 
 def test_a_closed_stores_error_masks_the_urls_password():
-    """StoreClosed (new today) quoted the store's URL as given, password included, where every
-    other error of the tier masks it (redis_net.masked_url)."""
+    """StoreClosed masks the store's URL's password, as every other error of the tier does
+    (redis_net.masked_url)."""
     np = pytest.importorskip("numpy")
     pytest.importorskip("redis")
     from redis_fixtures import free_port
