@@ -8,7 +8,7 @@ Run with the peers' vLLM venv (not prefixkv's: this script must not import prefi
 It writes ``tests/data/vllm_kv_events.json``: sample ``KVEventBatch`` payloads encoded by
 ``vllm.distributed.kv_events`` (msgspec), and the multipart frames that vLLM's real
 ``ZmqEventPublisher`` sends on its PUB socket and answers on its replay (ROUTER) socket, caught
-on 127.0.0.1. ``tests/test_fleet_wire.py`` decodes and re-encodes them with prefixkv's mirror
+on 127.0.0.1. ``tests/fleet/test_fleet_wire.py`` decodes and re-encodes them with prefixkv's mirror
 of those classes (``prefixkv.fleet.wire``) byte for byte, so CI checks wire compatibility
 without vLLM installed.
 """

@@ -29,7 +29,7 @@ from .base import PolicyBase
 class LRUPolicy(PolicyBase):
     name = "lru"
     reads_chain = False     # never reads pool.parent_hash / pool.depth (policies/base.py)
-    valid_victims = True    # evict_many returns only live entries (tests/test_perf_lru_batches.py)
+    valid_victims = True    # evict_many returns only live entries (tests/policies/test_lru_batches.py)
 
     def __init__(self) -> None:
         self._runs: deque[list] = deque()   # [serial, blocks, next index], oldest first

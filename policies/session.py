@@ -169,7 +169,7 @@ class _Group:
 class SessionPolicy(PolicyBase):
     name = "session"
     reads_chain = False     # the request's length comes from pool.release_size (policies/base.py)
-    valid_victims = True    # evict_many returns distinct evictable blocks (tests/test_session.py checks it)
+    valid_victims = True    # evict_many returns distinct evictable blocks (tests/policies/test_session.py checks it)
 
     def __init__(self, rate: float = 0.05, timeout: float = 8.0, kappa: float = 1.0,
                  max_sessions: int | None = None, fallback_weight: float = 0.5) -> None:

@@ -3,7 +3,7 @@
 Property-based tests without explicit sizes (the manager's state machine) take them from a
 profile chosen by ``PREFIXKV_HYPOTHESIS_PROFILE``: ``ci`` (the default, what CI runs), ``quick``
 (a smoke run) or ``long`` (a soak run: ``PREFIXKV_HYPOTHESIS_PROFILE=long .venv/bin/pytest
-tests/test_stateful.py``, 4,400 examples of up to 130 steps). Explicit ``@settings`` on a test
+tests/core/test_stateful.py``, 4,400 examples of up to 130 steps). Explicit ``@settings`` on a test
 override the profile.
 """
 

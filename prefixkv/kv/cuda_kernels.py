@@ -73,7 +73,7 @@ def default_rows(group: int, head_dim: int) -> int:
     """Query heads per CTA: the whole group up to 4 (head dim 128) or 8 (head dim 64).
 
     More rows reuse each loaded K/V vector for more heads but cost registers (see the
-    register report of ``tests/test_kernels_compile.py``); a larger group is split into
+    register report of ``tests/kv/test_kernels_compile.py``); a larger group is split into
     several CTAs that read the same K/V (mostly from L2).
     """
     cap = 4 if head_dim >= 128 else 8
