@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "prefixkv"
 
 # The public core and the faces: import without torch, cupy or any server client.
