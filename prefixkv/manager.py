@@ -200,7 +200,7 @@ class KVCacheManager:
             self.host = HostTier(num_host_blocks, block_size, policy=host_policy,
                                  cache=host_cache and enable_caching, inclusive=host_inclusive,
                                  record_events=record_events,
-                                 digest_size=self.hasher.digest_size if self.pool._index_stores_hashes else None)
+                                 digest_size=self.pool.index.digest_size)
             self.host.pool.events = self.pool.events          # one ordered stream for every tier
             if self.host.cache:
                 self.pool.on_evict_many = self._demote
@@ -272,7 +272,7 @@ class KVCacheManager:
     def _check_digests(self, hashes: list) -> None:
         """With a flat index, hashes from outside must be digests of this manager's width: the
         pool is then told they are (``checked``) and spares a check per block."""
-        if self.pool._index_stores_hashes:
+        if self.pool.index.digest_size is not None:
             width = self.hasher.digest_size
             bad = next((h for h in hashes if type(h) is not bytes or len(h) != width), None)
             if bad is not None:
@@ -299,7 +299,7 @@ class KVCacheManager:
     def _keys(self, prompt: Prompt) -> Sequence[Hashable]:
         """The prompt's block hashes in the form the pools probe fastest (``BlockPool.probe_keys``:
         a flat index's rows, joined once per prompt and kept on it; else the list itself)."""
-        if not self.pool._index_stores_hashes:
+        if self.pool.index.digest_size is None:
             return prompt.block_hashes()    # a dict index probes the hash objects themselves
         keys = prompt.keys
         if keys is None:

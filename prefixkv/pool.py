@@ -24,14 +24,24 @@ evicted while a duplicate is active, the duplicate becomes the primary.
 from __future__ import annotations
 
 from itertools import compress, repeat
-from operator import itemgetter
 from typing import Any, Hashable, Iterable, Sequence
 
+import numpy as np
 
 from .checks import integer
 from .errors import InvalidArgument, InvariantViolation, OutOfBlocks, PolicyError
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .hashing import ExtraKeys
+from .index import DictIndex, gather, leading  # noqa: F401  (gather, leading: also imported from here)
+
+
+def _materialised(blocks):
+    """A batch of blocks as a list or an int64 array (an iterator read once)."""
+    return blocks if isinstance(blocks, (list, np.ndarray)) else list(blocks)
+
+
+def _block_list(blocks) -> list[int]:
+    return blocks.tolist() if isinstance(blocks, np.ndarray) else blocks
 
 
 def _batch_method(policy, single: str, batch: str):
@@ -43,45 +53,13 @@ def _batch_method(policy, single: str, batch: str):
     return getattr(policy, batch, None)
 
 
-# Hash-map entries above which a burst of deletions pays for a lookup pass first (see _evict_valid),
-# and from which a batch of insertions does (see publish_many): measured on a 32 MiB L3.
-_MAP_OUTGROWS_CACHES = 1 << 16
-_MAP_OUTGROWS_LLC = 1 << 19
-
-
-
-def gather(values: Sequence, indices: Sequence[int]) -> Sequence:
-    """``values[i]`` for each ``i`` in ``indices`` (a tuple, or a list below two): one itemgetter
-    call reads them in C, about twice as fast as ``map(values.__getitem__, indices)``."""
-    if len(indices) > 1:
-        return itemgetter(*indices)(values)
-    return [values[i] for i in indices]
-
-
-def leading(get, hashes: Sequence[Hashable], start: int, limit: int) -> list:
-    """``get(h)`` for ``hashes[start:limit]`` up to the first None (a prefix's run of hits in a
-    pool's ``lookup``). Looking up in C (map) beats a Python loop that stops at the first miss;
-    in doubling chunks, so a miss early in a long prompt does not look up all the rest."""
-    found: list = []
-    step = 32
-    while start < limit:
-        part = list(map(get, hashes[start:min(start + step, limit)]))
-        if None in part:
-            found += part[:part.index(None)]
-            return found
-        found += part
-        start += step
-        step *= 2
-    return found
-
-
 class BlockPool:
-    # Whether inserting into the hash index also records each primary's hash (``block_hash``):
-    # the flat index keeps both in one place (``prefixkv.flat.pool``).
-    _index_stores_hashes = False
-
     def __init__(self, num_blocks: int, block_size: int, policy, *, verify: bool = False,
-                 record_events: bool = False, track_reuse: bool = False, medium: str | None = None) -> None:
+                 record_events: bool = False, track_reuse: bool = False, medium: str | None = None,
+                 index=None, fused=None) -> None:
+        """``index``: the hash index (``prefixkv.index``): a ``DictIndex`` unless given (the flat
+        index, ``prefixkv.flat``, is one a ``FlatBlockPool`` gives). ``fused``: called with the
+        pool once it is built, returns the index's fused batches for it (or None)."""
         num_blocks, block_size = integer("num_blocks", num_blocks, low=1), integer("block_size", block_size, low=1)
         if getattr(policy, "pool", None) is not None:
             # (before anything is built) InvalidArgument is the ValueError this raised before
@@ -93,9 +71,13 @@ class BlockPool:
         # Per-block metadata exists for blocks [0, len(ref_count)) only: the lists grow (in place)
         # as allocation first reaches further, so an empty pool of 10^8 blocks costs nothing.
         # Every block a caller or a policy is ever given is inside them.
-        self.ref_count: list[int] = []
-        self.num_tokens: list[int] = []                    # valid token slots
-        self.block_hash: list[Hashable | None] = []        # primaries only
+        self.index = index = DictIndex() if index is None else index
+        # refcounts, valid token slots, and the free-uncached stack, in the types the index's batch
+        # paths read (lists for a dict index)
+        self.ref_count, self.num_tokens, self._free = index.block_storage()
+        self.block_hash: Sequence[Hashable | None] = index.hashes   # primaries only; read-only here
+        self.cached_map = index.mapping                 # hash -> primary block; read-only to callers
+        self.lookup = index.get                         # lookup(hash) -> primary block or None
         # parent hash and index in its prefix chain: kept only while ``keep_chain`` (else empty)
         self.parent_hash: list[Hashable | None] = []
         self.depth: list[int] = []
@@ -104,13 +86,10 @@ class BlockPool:
         # the pool saves the list (8 B per block).
         self._priority: list[int] | None = None
         self.content: list[bytes | None] = []              # verify mode only
-        self._cached: dict[Hashable, int] = {}             # hash -> primary block
-        self._make_index()
         self._duplicate_hash: dict[int, Hashable] = {}     # active duplicate -> its hash
         self._duplicates: dict[Hashable, list[int]] = {}   # hash -> active duplicates
-        # Free-uncached blocks: the released ones (a LIFO stack) and every block from ``_fresh`` on,
-        # never handed out (taken in ascending order once the stack is empty): block 0 goes first.
-        self._free: list[int] = []
+        # Free-uncached blocks: the released ones (the LIFO stack ``_free``) and every block from
+        # ``_fresh`` on, never handed out (taken in ascending order once the stack is empty).
         self._fresh = 0
         self.evictions = 0
         # Residencies: a hash cached in a physical block, from publish (or a duplicate's promotion)
@@ -155,12 +134,21 @@ class BlockPool:
         # None: on_cached is the base class's no-op, so a batch publish need not call it at all
         self._on_cached = None if getattr(type(policy), "on_cached", None) is PolicyBase.on_cached \
             else policy.on_cached
+        # The index's fused batches (refcounts and eviction order in one compiled call), if any.
+        self._fused = None if fused is None else fused(self)
 
-    def _make_index(self) -> None:
-        """Bind the hash index's read paths (``prefixkv.flat.pool`` keeps the index elsewhere)."""
-        self.cached_map = self._cached                     # read-only to callers
-        # lookup(hash) -> primary block or None; bound once, it is the hottest call.
-        self.lookup = self._cached.get
+    def _fused_for(self, n: int, *, publishes: bool = False):
+        """The fused batches, for a batch of ``n`` blocks that a compiled call pays for, when
+        nothing needs a per-block step: no KV events, no reuse tracking, no active duplicates
+        (and, for a batch that enters hashes, no chain to keep, nothing to verify, no per-block
+        ``on_cached``). None: the general paths serve the batch. The one eligibility rule."""
+        fused = self._fused
+        if fused is None or n < fused.min_batch or self.events is not None or self._reused is not None \
+                or self._duplicate_hash:
+            return None
+        if publishes and (self.verify or self._keep_chain or self._on_cached is not None):
+            return None
+        return fused
 
     @property
     def priority(self) -> list[int]:
@@ -177,7 +165,7 @@ class BlockPool:
     @keep_chain.setter
     def keep_chain(self, keep: bool) -> None:
         if keep and not self._keep_chain:
-            if self._cached:
+            if len(self.index):
                 raise InvariantViolation("keep_chain must be turned on before anything is published")
             grow = len(self.ref_count) - len(self.parent_hash)
             self.parent_hash.extend([None] * grow)
@@ -217,7 +205,7 @@ class BlockPool:
             grow = new - have
             self.ref_count.extend([0] * grow)
             self.num_tokens.extend([0] * grow)
-            self._grow_hashes(grow)
+            self.index.ensure_blocks(new)
             if self._keep_chain:
                 self.parent_hash.extend([None] * grow)
                 self.depth.extend([0] * grow)
@@ -232,97 +220,100 @@ class BlockPool:
         self._fresh = stop          # (after the growth: one that fails hands nothing out)
         return list(range(start, stop))
 
-    def _grow_hashes(self, grow: int) -> None:
-        self.block_hash.extend([None] * grow)
-
     @property
     def num_cached(self) -> int:
         """Distinct hashes in the prefix cache (active or evictable)."""
-        return len(self._cached)
+        return len(self.index)
 
     @property
     def insertions(self) -> int:
         """Residencies started: every one ended by an eviction or a reset, or is cached now."""
-        return self.evictions + self.cleared + self.forgotten + len(self._cached)
+        return self.evictions + self.cleared + self.forgotten + len(self.index)
 
     def num_unused_cached(self) -> int | None:
         """Cached blocks whose current residency has not been hit yet (O(cached); None untracked)."""
         reused = self._reused
         if reused is None:
             return None
-        return sum(1 for block in self._cached.values() if not reused[block])
+        return sum(1 for block in self.index.primaries() if not reused[block])
 
     def is_cached(self, block: int) -> bool:
-        return self.block_hash[block] is not None
+        return self.index.held(block)
 
     def leading_hits(self, hashes: Sequence[Hashable], start: int, limit: int) -> list[int]:
         """The blocks holding ``hashes[start:limit]`` up to the first one not cached (a prompt's
-        run of hits). A fresh prompt misses at once and a cached one usually hits to its end: both
-        are told by one lookup each; all hits are read by one itemgetter call (C)."""
-        get = self.lookup
-        if start >= limit or get(hashes[start]) is None:
-            return []
-        if limit - start == 1:
-            return [get(hashes[start])]
-        if get(hashes[limit - 1]) is not None:
-            try:
-                return list(itemgetter(*hashes[start:limit])(self._cached))
-            except KeyError:
-                pass
-        return leading(get, hashes, start, limit)
+        run of hits)."""
+        return self.index.run(hashes, start, limit)
 
     # Batch answers in the form this pool keeps block ids, for a caller that hands them back to a
-    # pool: lists here, int64 arrays from a flat pool (``prefixkv.flat.pool``), which then converts
-    # nothing. Either reads as a sequence of block ids (``len``, indexing, iteration).
+    # pool: lists from a dict index, int64 arrays from a flat one, which then converts nothing.
+    # Either reads as a sequence of block ids (``len``, indexing, iteration).
     def leading_run(self, hashes: Sequence[Hashable], start: int, limit: int) -> Sequence[int]:
-        return self.leading_hits(hashes, start, limit)
+        return self.index.run_array(hashes, start, limit)
 
     def allocate_run(self, n: int, num_tokens: int | None = None) -> Sequence[int]:
-        return self.allocate(n, num_tokens)
+        """``allocate``, as the fused batches hand blocks out (an int64 array) where they serve."""
+        fused = self._fused_for(n)
+        if fused is None or self._duplicates:
+            return self._allocate(n, num_tokens)
+        return fused.allocate(n, num_tokens)
 
     def cache_run(self, hashes: list[Hashable], parents: list[Hashable | None], depths: list[int]) -> Sequence[int]:
-        return self.cache_many(hashes, parents, depths)
+        """``cache_many``, as the fused batches hand blocks out where they serve."""
+        fused = self._fused_for(len(hashes), publishes=True)
+        if fused is None:
+            return self.cache_many(hashes, parents, depths)
+        return fused.cache_run(hashes)
+
+    def cache_new_run(self, hashes: list[Hashable]) -> Sequence[int] | None:
+        """``cache_run`` of hashes none of which is cached here, taking free-uncached blocks, in one
+        fused check-and-insert: None (nothing changed) when one is cached here, when the batch
+        would evict or keep more than hashes and blocks, or where no fused batch serves (the
+        caller takes the general way: ``holds_none``, then ``cache_run``)."""
+        fused = self._fused_for(len(hashes), publishes=True)
+        if fused is None or self._priority is not None or not hashes or len(hashes) > len(self._free):
+            return None
+        return fused.cache_new_run(hashes)
 
     def probe_keys(self, hashes: list[Hashable]) -> Sequence[Hashable]:
         """``hashes`` in the form this pool's index probes fastest, for a caller that probes the
-        same prompt again and again (the manager keeps it on the prompt): the list itself here."""
-        return hashes
+        same prompt again and again (the manager keeps it on the prompt)."""
+        return self.index.probe_keys(hashes)
 
     def leading_run_outside(self, other: BlockPool, keys: Sequence[Hashable], start: int,
                             limit: int) -> tuple[Sequence[int], bool | None]:
         """``leading_run(keys, start, limit)``, and whether ``other`` holds none of that run's
-        hashes where this pool can tell it in the same pass (None: not told; the caller asks
-        ``other.holds_none``)."""
-        return self.leading_run(keys, start, limit), None
+        hashes where the two indexes can tell it in the same pass (None: not told; the caller
+        asks ``other.holds_none``)."""
+        return self.index.run_outside(other.index, keys, start, limit)
 
     def key_tags(self, keys: Sequence[Hashable], indices: Sequence[int]):
         """What ``take_cached`` can reuse of ``probe_keys`` for the blocks found by
         ``keys[indices]`` (a flat index's tags), or None."""
-        return None
+        return self.index.key_tags(keys, indices)
 
     def holds_none(self, hashes: Iterable[Hashable]) -> bool:
         """No hash of ``hashes`` is cached here."""
-        return self._cached.keys().isdisjoint(hashes)
+        return self.index.holds_none(hashes)
 
-    def _hash_flags(self) -> tuple[Sequence, Any]:
-        """A sequence by block and the value it holds for a block without a hash (compared by
-        identity): the hash list and None here."""
-        return self.block_hash, None
-
-    def _uncached_among(self, blocks: list[int]) -> int:
+    def _uncached_among(self, blocks: Sequence[int]) -> int:
         """How many of ``blocks`` hold no hash."""
-        return gather(self.block_hash, blocks).count(None)
+        return len(blocks) - self.index.count_held(blocks)
 
     # -- actions -------------------------------------------------------------
     def acquire_hits(self, blocks: Iterable[int], *, distinct: bool = False) -> None:
         """Take one more reference on each cache-hit block (pins evictable ones). ``distinct``:
         the caller knows no block is listed twice (a prefix match's blocks)."""
+        blocks = _materialised(blocks)
+        fused = self._fused_for(len(blocks))
+        if fused is not None and fused.acquire(blocks):
+            return
+        blocks = _block_list(blocks)
         ref = self.ref_count
         on_hit = self.policy.on_hit
         reused = self._reused
         hit_batch = self._hit_batch
         if hit_batch is not None:
-            blocks = list(blocks)
             if len(blocks) > 1 and gather(ref, blocks).count(0) == len(blocks) and \
                     (distinct or len(set(blocks)) == len(blocks)):
                 # every block was evictable, each once: on_hit(b, True) for each, in one call
@@ -353,18 +344,25 @@ class BlockPool:
         for block in blocks:
             ref[block] += 1
 
-    def take_cached(self, blocks: list[int], *, distinct: bool = False) -> None:
+    def take_cached(self, blocks: list[int], *, distinct: bool = False, tags=None) -> None:
         """``acquire_hits(blocks)``, then ``forget`` each block that was evictable: the blocks stay
         held and their hashes leave this pool (their content moves up a tier). One pass when
         every block was evictable, each listed once (``distinct``: the caller knows no block is
-        listed twice)."""
+        listed twice). ``tags``: ``key_tags`` of the keys the blocks were found by, if the caller
+        has them."""
+        blocks = _materialised(blocks)
+        fused = self._fused_for(len(blocks))
+        if fused is not None and fused.take(blocks, tags):
+            self.forgotten += len(blocks)
+            return
+        blocks = _block_list(blocks)
         ref = self.ref_count
         counts = gather(ref, blocks)
         if (self._hit_batch is not None and len(blocks) > 1 and counts.count(0) == len(blocks)
                 and not self._duplicates and self.events is None
                 and (distinct or len(set(blocks)) == len(blocks)) and not self._uncached_among(blocks)):
             self._hit_batch(blocks)
-            self._uncache(blocks)
+            self.index.take_blocks(blocks, False)
             for block in blocks:
                 ref[block] = 1
             self.forgotten += len(blocks)
@@ -387,6 +385,8 @@ class BlockPool:
         (changing nothing) when ``n`` blocks cannot be freed."""
         n = len(hashes)
         size = self.block_size
+        # a hash this index cannot key raises here, before a block is claimed (or a victim evicted)
+        keys = self.index.prepare(hashes)
         if self.verify or self.events is not None or self._released_batch is None or (
                 self._on_cached is not None and self._cached_batch is None) or self._duplicate_hash:
             blocks = self.allocate(n)
@@ -397,7 +397,7 @@ class BlockPool:
             self.release(blocks)
             return blocks
         blocks = self._claim(n)
-        got = self._setdefault_many(hashes, blocks)
+        got = self.index.enter_many(keys, hashes, blocks)
         if got == blocks:
             primaries = blocks
         else:     # a hash cached already: this copy is a duplicate, dropped again at once
@@ -405,15 +405,12 @@ class BlockPool:
             self._free.extend(block for block, primary in zip(blocks, got) if primary != block)
             keep = [primary == block for block, primary in zip(blocks, got)]
             hashes, parents, depths = (list(compress(values, keep)) for values in (hashes, parents, depths))
-        block_hash, num_tokens = self.block_hash, self.num_tokens
+        num_tokens = self.num_tokens
         if self.keep_chain:
             parent_list, depth_list = self.parent_hash, self.depth
             for block, parent, depth in zip(primaries, parents, depths):
                 parent_list[block] = parent
                 depth_list[block] = depth
-        if not self._index_stores_hashes:
-            for block, h in zip(primaries, hashes):
-                block_hash[block] = h
         for block in blocks:
             num_tokens[block] = size
         prio = self._priority
@@ -432,6 +429,9 @@ class BlockPool:
 
         Raises OutOfBlocks (changing nothing) if fewer than ``n`` can be freed.
         """
+        return _block_list(self.allocate_run(n, num_tokens))
+
+    def _allocate(self, n: int, num_tokens: int | None) -> list[int]:
         out = self._claim(n)
         ref = self.ref_count
         if num_tokens is None:
@@ -492,7 +492,6 @@ class BlockPool:
                               f"returned {block!r} from evict(), which is not an evictable cached block")
         if self.on_evict_many is not None:
             self.on_evict_many((block,), (block_hash,))
-        self.block_hash[block] = None
         self.evictions += 1
         reused = self._reused
         if reused is not None:
@@ -514,29 +513,10 @@ class BlockPool:
     def _evict_valid(self, k: int, out: list[int]) -> None:
         """``_evict_batch`` for a policy whose victims need no checking (``valid_victims``)."""
         victims = self._victims(k)
-        block_hash = self.block_hash
-        cached = self._cached
-        hashes = gather(block_hash, victims)
-        if len(cached) > _MAP_OUTGROWS_CACHES and len(hashes) > 1:
-            # A hash map this big misses the caches at every victim: one lookup pass in C lets the
-            # CPU overlap those misses, so the deletions below find their slots cached (1M blocks:
-            # 25 -> 16 us per 128 victims; in-cache maps would only pay for the pass).
-            itemgetter(*hashes)(cached)
-        reused = self._reused
-        if reused is None:
-            for block, h in zip(victims, hashes):
-                del cached[h]
-                block_hash[block] = None
-        else:
-            self.unused_removals += gather(reused, victims).count(False)
-            for block, h in zip(victims, hashes):
-                del cached[h]
-                block_hash[block] = None
-                reused[block] = False
-        self.evictions += len(victims)
+        hashes = self.index.take_blocks(victims, self.on_evict_many is not None)
+        self._took(victims, out)
         if self.on_evict_many is not None:
             self.on_evict_many(victims, hashes)
-        out += victims
 
     def _evict_batch(self, k: int, out: list[int]) -> None:
         """``k`` victims from the policy's ``evict_many``, uncached and appended to ``out``: the
@@ -567,7 +547,7 @@ class BlockPool:
                 break
             seen.add(block)
         taken = victims[:bad] if len(victims) == k else []
-        self._uncache(taken)
+        self.index.take_blocks(taken, False)
         self._took(taken, out)
         on_released = self.policy.on_released
         for block in victims[len(taken):]:
@@ -578,30 +558,18 @@ class BlockPool:
         raise PolicyError(f"eviction policy {name!r} returned {victims[bad]!r} from evict_many(), "
                           "which is not an evictable cached block")
 
-    def _uncache_checked(self, victims: list, k: int) -> list | None:
+    def _uncache_checked(self, victims: list, k: int) -> Sequence | None:
         """Uncache ``victims`` if they are ``k`` distinct evictable cached blocks, returning their
-        hashes; else None, changing nothing."""
-        block_hash, ref = self.block_hash, self.ref_count
+        hashes (for ``on_evict_many``); else None, changing nothing."""
+        ref = self.ref_count
         try:
-            if len(victims) != k or (k and min(victims) < 0):
+            if len(victims) != k or (k and (min(victims) < 0 or max(victims) >= len(ref))):
                 return None
-            hashes = list(map(block_hash.__getitem__, victims))
-            if any(map(ref.__getitem__, victims)) or None in hashes or len(set(victims)) != k:
+            if any(map(ref.__getitem__, victims)):
                 return None
-        except (IndexError, TypeError):      # not block ids
+        except (IndexError, TypeError, ValueError, OverflowError):      # not block ids
             return None
-        cached = self._cached
-        for block, h in zip(victims, hashes):
-            del cached[h]
-            block_hash[block] = None
-        return hashes
-
-    def _uncache(self, blocks: list[int]) -> None:
-        """Drop the hashes of evictable cached ``blocks`` (no duplicates are tracked)."""
-        block_hash, cached = self.block_hash, self._cached
-        for block in blocks:
-            del cached[block_hash[block]]
-            block_hash[block] = None
+        return self.index.take_blocks_checked(victims, self.on_evict_many is not None)
 
     def _took(self, taken: list[int], out: list[int]) -> None:
         """Count ``taken`` (uncached victims) as evicted and hand them out."""
@@ -616,15 +584,14 @@ class BlockPool:
     def _drop_hash(self, block: int, block_hash: Hashable) -> None:
         """``block`` no longer holds ``block_hash``: an active duplicate takes the hash over, or
         the hash leaves the cache (a ``BlockRemoved``)."""
+        self.index.remove(block_hash)
         duplicates = self._duplicates.get(block_hash)
         if duplicates:
             self._promote(duplicates.pop(), block_hash, block)
             if not duplicates:
                 del self._duplicates[block_hash]
-        else:
-            del self._cached[block_hash]
-            if self.events is not None:
-                self.events.append(BlockRemoved(block_hash, block, self.medium))
+        elif self.events is not None:
+            self.events.append(BlockRemoved(block_hash, block, self.medium))
 
     def forget(self, block: int) -> None:
         """Drop the hash of an active cached block: it stays held, uncached (a host block whose
@@ -632,7 +599,6 @@ class BlockPool:
         block_hash = self.block_hash[block]
         if block_hash is None or not self.ref_count[block]:
             raise InvariantViolation(f"forget({block}): not an active cached block")
-        self.block_hash[block] = None
         self.forgotten += 1
         if self._reused is not None:
             self._reused[block] = False
@@ -640,8 +606,7 @@ class BlockPool:
 
     def _promote(self, duplicate: int, block_hash: Hashable, evicted: int) -> None:
         del self._duplicate_hash[duplicate]
-        self._cached[block_hash] = duplicate
-        self.block_hash[duplicate] = block_hash
+        self.index.insert(block_hash, duplicate)
         if self._keep_chain:
             self.parent_hash[duplicate] = self.parent_hash[evicted]
             self.depth[duplicate] = self.depth[evicted]
@@ -661,7 +626,7 @@ class BlockPool:
         Returns False (and publishes nothing) only in verify mode when the hash
         is already cached for different content: a collision, kept as a miss.
         """
-        primary = self._cached.get(block_hash)
+        primary = self.index.get(block_hash)
         if primary is not None:
             if self.verify and content is not None and (
                     self.content[primary] != content or self.parent_hash[primary] != parent_hash):
@@ -669,8 +634,7 @@ class BlockPool:
             self._duplicate_hash[block] = block_hash
             self._duplicates.setdefault(block_hash, []).append(block)
             return True
-        self._cached[block_hash] = block
-        self.block_hash[block] = block_hash
+        self.index.insert(block_hash, block)
         if self._keep_chain:
             self.parent_hash[block] = parent_hash
             self.depth[block] = depth
@@ -695,25 +659,32 @@ class BlockPool:
     def publish_many(self, blocks: list[int], hashes: list[Hashable], parents: Sequence[Hashable | None],
                      depths: Sequence[int]) -> None:
         """``publish(blocks[i], hashes[i], parents[i], depths[i])`` for each ``i`` in order. Same
-        results and policy events in one pass: the hash map is updated by C (``setdefault`` tells
-        the hashes already cached, which become duplicates) when there are no events to report,
-        nothing to verify and no per-block ``on_cached`` (which may look at the hash map)."""
+        results and policy events in one pass: the index enters the batch at once (``enter_many``
+        tells the hashes already cached, which become duplicates) when there are no events to
+        report, nothing to verify and no per-block ``on_cached`` (which may look at the hash map).
+        A hash the index cannot key raises before the first is entered."""
+        fused = self._fused_for(len(blocks), publishes=True)
+        if fused is not None:
+            duplicates = fused.publish(blocks, hashes)
+            for block, h in duplicates:     # already cached: duplicates of their primaries
+                self._duplicate_hash[block] = h
+                self._duplicates.setdefault(h, []).append(block)
+            return
+        blocks = _block_list(blocks)
         on_cached = self._on_cached
         if self.verify or self.events is not None or (on_cached is not None and self._cached_batch is None):
+            self.index.check_keys(hashes[:len(blocks)])
             publish = self.publish
             for block, h, parent, depth in zip(blocks, hashes, parents, depths):
                 publish(block, h, parent, depth)
             return
-        got = self._setdefault_many(hashes, blocks)
-        block_hash, parent_list, depth_list = self.block_hash, self.parent_hash, self.depth
+        got = self.index.enter_many(self.index.prepare(hashes), hashes, blocks)
+        parent_list, depth_list = self.parent_hash, self.depth
         if got == blocks:     # every block is a new primary
             if self._keep_chain:
                 for block, parent, depth in zip(blocks, parents, depths):
                     parent_list[block] = parent
                     depth_list[block] = depth
-            if not self._index_stores_hashes:
-                for block, h in zip(blocks, hashes):
-                    block_hash[block] = h
             primaries = blocks
         else:
             primaries = []
@@ -723,27 +694,12 @@ class BlockPool:
                     self._duplicate_hash[block] = h
                     self._duplicates.setdefault(h, []).append(block)
                 else:
-                    block_hash[block] = h
                     if keep_chain:
                         parent_list[block] = parent
                         depth_list[block] = depth
                     primaries.append(block)
         if on_cached is not None and primaries:
             self._cached_batch(primaries)
-
-    def _setdefault_many(self, hashes: list[Hashable], blocks: list[int]) -> list[int]:
-        """``[cached.setdefault(h, b) for h, b in zip(hashes, blocks)]``: a new hash becomes the
-        primary of its block (whose ``block_hash`` the caller writes unless
-        ``_index_stores_hashes``), a cached one keeps its block."""
-        cached = self._cached
-        if len(cached) > _MAP_OUTGROWS_LLC and len(hashes) > 1:
-            # Each new hash probes a map far bigger than the last-level cache, several dependent
-            # misses per insertion. Hashing them first and then probing for them in one tight C
-            # loop lets the CPU overlap those misses; setdefault below finds the slots cached
-            # (1M blocks: 47 -> 37 us per 128 hashes; around 2^19 entries it was a wash).
-            all(map(hash, hashes))
-            cached.keys().isdisjoint(hashes)
-        return list(map(cached.setdefault, hashes, blocks))
 
     def release(self, blocks_in_order: Iterable[int], priority: int = 0, hint=None, *,
                 all_cached: bool = False) -> None:
@@ -774,8 +730,13 @@ class BlockPool:
         self._release(blocks_in_order, priority, all_cached)
 
     def _release(self, blocks_in_order: Iterable[int], priority: int, all_cached: bool = False) -> None:
+        if self._fused is not None:
+            blocks_in_order = _materialised(blocks_in_order)
+            fused = self._fused_for(len(blocks_in_order))
+            if fused is not None and fused.release(blocks_in_order, priority):
+                return
+            blocks_in_order = _block_list(blocks_in_order)
         ref = self.ref_count
-        block_hash = self.block_hash
         free_append = self._free.append
         batch = self._released_batch
         prio = self._priority if priority == 0 else self.priority
@@ -805,7 +766,7 @@ class BlockPool:
         released: list[int] = []
         on_released = self.policy.on_released if batch is None else released.append
         duplicates = self._duplicate_hash
-        held, no_hash = self._hash_flags()
+        held, no_hash = self.index.held_flags()
         for block in blocks_in_order:
             count = ref[block] - 1
             ref[block] = count
@@ -847,12 +808,12 @@ class BlockPool:
         if self._reused is not None:
             self.unused_removals += self.num_unused_cached()
             self._reused[:] = [False] * len(self._reused)
-        self.cleared += len(self._cached)
-        self._clear_index()
+        self.cleared += len(self.index)
+        self.index.clear()
         self._duplicates.clear()
         self._duplicate_hash.clear()
         # Refill in place: policies may keep references to these lists across a reset.
-        n = len(self.block_hash)
+        n = len(self.ref_count)
         if self._keep_chain:
             self.parent_hash[:] = [None] * n
             self.depth[:] = [0] * n
@@ -863,10 +824,6 @@ class BlockPool:
         self._free[:] = (b for b in range(self._fresh - 1, -1, -1) if b not in held)
         if self.events is not None:
             self.events.append(AllBlocksCleared(self.medium))
-
-    def _clear_index(self) -> None:
-        self._cached.clear()
-        self.block_hash[:] = [None] * len(self.block_hash)
 
     def drain_events(self) -> list[KVEvent]:
         if self.events is None:
@@ -913,13 +870,14 @@ class BlockPool:
                 raise InvariantViolation(f"free-uncached block {block} still has a hash")
             if block in self._duplicate_hash and not count:
                 raise InvariantViolation(f"duplicate block {block} is not active")
-        for block_hash, block in self._cached.items():
+        mapping = self.index.mapping
+        for block_hash, block in mapping.items():
             if self.block_hash[block] != block_hash:
                 raise InvariantViolation(f"hash map points at block {block}, which holds another hash")
-        if sum(h is not None for h in self.block_hash) != len(self._cached):
+        if sum(h is not None for h in self.block_hash) != len(self.index):
             raise InvariantViolation("a block holds a hash that the hash map does not know")
         for block, block_hash in self._duplicate_hash.items():
-            if block_hash not in self._cached or block not in self._duplicates.get(block_hash, ()):
+            if block_hash not in mapping or block not in self._duplicates.get(block_hash, ()):
                 raise InvariantViolation(f"duplicate block {block} is not tracked consistently")
         active = sum(1 for c in self.ref_count if c)
         if active + len(self.policy) + self.num_free_uncached != n:
@@ -933,7 +891,7 @@ class BlockPool:
             tuple(self.ref_count), tuple(self.num_tokens), tuple(self.block_hash),
             tuple(self.parent_hash), tuple(self.depth),
             tuple(self._priority) if self._priority is not None else (0,) * len(self.ref_count),
-            tuple(sorted(self._cached.items(), key=repr)),
+            tuple(sorted(self.index.mapping.items(), key=repr)),
             tuple(sorted(self._duplicate_hash.items())), tuple(self._free), self._fresh, self.evictions,
             self.policy.snapshot(), None if self.events is None else tuple(self.events),
         )

@@ -10,21 +10,26 @@ call. Keys are ``bytes`` of exactly ``width`` bytes (what ``BlockHasher`` produc
 back (``hash_of``) is a fresh ``bytes`` equal to the one stored.
 
 Two structures in one: the table finds a block by key; ``keys[block]`` / ``has[block]`` say which
-key a block holds. ``BlockPool`` updates its map and its list separately (``cached[h] = b`` then
-``block_hash[b] = h``; ``block_hash[b] = None`` then ``del cached[h]``), so the index does too:
-``assign`` / ``remove`` work on the table, ``set_held`` on the flag only (``keys[block]`` stays
-readable until the block takes another key, so an entry is found while its block's flag is
-already clear).
+key a block holds. ``assign`` / ``remove`` work on both, ``set_held`` on the flag only
+(``keys[block]`` stays readable until the block takes another key, so an entry is found while its
+block's flag is already clear).
+
+``FlatIndex`` is a ``BlockPool``'s index component (``prefixkv.index`` lists the calls a pool
+makes): every one is a single compiled call per batch, and with ``CompiledLRU`` it gives the pool
+fused batches (``prefixkv.flat.fused``) that move refcounts and the LRU order in the same call.
 """
 
 from __future__ import annotations
 
 from array import array
-from typing import Iterable, Sequence
+from collections.abc import Mapping
+from typing import Hashable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from ..index import leading
 from . import kernels
+from .stack import FreeStack
 
 _MIN_TABLE = 1024
 _EMPTY = np.empty(0, np.int64)
@@ -120,6 +125,65 @@ class HashRows(Sequence):
         return f"HashRows({list(self)!r})"
 
 
+def _tags(hashes, start: int, stop: int) -> np.ndarray | None:
+    """The index tags of ``hashes[start:stop]``, when ``hashes`` are rows that carry them."""
+    if type(hashes) is HashRows and hashes.tags is not None:
+        return hashes.tags[start:stop]
+    return None
+
+
+class KeyMap(Mapping):
+    """The index read as ``{hash: primary block}`` (``BlockPool.cached_map``): read-only."""
+
+    __slots__ = ("_index",)
+
+    def __init__(self, index: FlatIndex) -> None:
+        self._index = index
+
+    def __getitem__(self, h) -> int:
+        block = self._index.get(h)
+        if block is None:
+            raise KeyError(h)
+        return block
+
+    def get(self, h, default=None):
+        return self._index.get(h, default)
+
+    def __contains__(self, h) -> bool:
+        return self._index.get(h) is not None
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._index.hashes_of(self._index.blocks()))
+
+
+class BlockHashes(Sequence):
+    """The index read as ``[hash or None]`` by block (``BlockPool.block_hash``, what policies
+    read): read-only, covering the blocks that have rows."""
+
+    __slots__ = ("_index",)
+
+    def __init__(self, index: FlatIndex) -> None:
+        self._index = index
+
+    def __len__(self) -> int:
+        return self._index.has.shape[0]
+
+    def __getitem__(self, block):
+        n = self._index.has.shape[0]
+        if isinstance(block, slice):
+            return [self[b] for b in range(*block.indices(n))]
+        if -n <= block < 0:
+            block += n
+        return self._index.hash_of(block)
+
+    def __iter__(self) -> Iterator:
+        hash_of = self._index.hash_of
+        return (hash_of(b) for b in range(self._index.has.shape[0]))
+
+
 class FlatIndex:
     def __init__(self, width: int, *, warm: bool = True) -> None:
         if width <= 0 or width % 8:
@@ -139,6 +203,16 @@ class FlatIndex:
         self._scratch = np.zeros(1, np.int64)
         self._no_rows = np.zeros((0, self.words), np.uint64)
         self._no_tags = np.zeros(0, np.int64)
+        # True from an owner whose every hash is already known to be a digest of this width (the
+        # manager: its hasher's, or precomputed ones it checked; a host tier: the device index's):
+        # entering keys then skips the check per hash (~35 ns each; 2,048 in a long prompt).
+        self.hashes_checked = False
+        self.hashes = BlockHashes(self)
+        self.mapping = KeyMap(self)
+
+    @property
+    def digest_size(self) -> int:
+        return self.width
 
     # -- sizes ---------------------------------------------------------------
     def ensure_blocks(self, n: int) -> None:
@@ -377,3 +451,100 @@ class FlatIndex:
         self.slots = np.zeros(_MIN_TABLE, np.int64)
         self.has[:] = 0
         self.count = 0
+
+    # -- a pool's index component (prefixkv.index) ------------------------------
+    def block_storage(self) -> tuple:
+        # refcounts and token counts in typed arrays: Python indexes them as fast as lists, and the
+        # fused batches view them (np.frombuffer, per call: an array exporting its buffer cannot grow)
+        return array("i"), array("q"), FreeStack()
+
+    def held_flags(self) -> tuple:
+        return self.flags, 0      # (bytearray items are small ints: 0 is CPython's one 0)
+
+    def primaries(self) -> list[int]:
+        return self.blocks()
+
+    def run(self, hashes: Sequence[Hashable], start: int, limit: int) -> list[int]:
+        if start >= limit or self.get(hashes[start]) is None:
+            return []       # a fresh prompt: told by one probe, not a column of its hashes
+        try:
+            q = self.column(hashes[start:limit])
+        except (TypeError, ValueError):     # not all digests of this width: none of those is cached
+            return leading(self.get, hashes, start, limit)
+        return self.lookup_run(q, _tags(hashes, start, limit))
+
+    def run_array(self, hashes: Sequence[Hashable], start: int, limit: int) -> np.ndarray:
+        if start >= limit or self.get(hashes[start]) is None:
+            return _EMPTY
+        try:
+            q = self.column(hashes[start:limit])
+        except (TypeError, ValueError):
+            return as_block_array(leading(self.get, hashes, start, limit))
+        return self.lookup_run_array(q, _tags(hashes, start, limit))
+
+    def holds_none(self, hashes: Iterable[Hashable]) -> bool:
+        if type(hashes) is not HashRows:
+            hashes = list(hashes)
+        if not len(hashes):
+            return True
+        try:
+            q = self.column(hashes)
+        except (TypeError, ValueError):
+            return all(self.get(h) is None for h in hashes)
+        return int(self.lookup_many(q, _tags(hashes, 0, len(hashes))).max()) < 0
+
+    def probe_keys(self, hashes: list[Hashable]) -> Sequence[Hashable]:
+        """The hashes' key rows with their tags (``HashRows``), joined once; the list itself for
+        one hash, or for hashes that are not digests of this width (none of those is cached)."""
+        if len(hashes) > 1:
+            try:
+                return HashRows.tagged(self.column(hashes))
+            except (TypeError, ValueError):
+                pass
+        return hashes
+
+    def run_outside(self, other, keys, start: int, limit: int) -> tuple:
+        if type(keys) is HashRows and keys.tags is not None and isinstance(other, FlatIndex):
+            # both indexes flat: the run here and the other index's absence from it in one pass
+            return self.lookup_run_outside(other, keys.rows[start:limit], keys.tags[start:limit])
+        return self.run_array(keys, start, limit), None
+
+    def key_tags(self, keys, indices) -> np.ndarray | None:
+        if type(indices) is range and type(keys) is HashRows and keys.tags is not None:
+            return keys.tags[indices.start:indices.stop]
+        return None
+
+    def prepare(self, hashes: Sequence[Hashable]) -> np.ndarray:
+        """The batch's key rows (one hash: its row, without a join), checked: TypeError or
+        ValueError for a hash that is not a digest of this width, before anything changes."""
+        if len(hashes) == 1 and type(hashes) is not HashRows:
+            return self.key(hashes[0])
+        return self.column(hashes, exact=not self.hashes_checked)
+
+    def check_keys(self, hashes: Sequence[Hashable]) -> None:
+        if not self.hashes_checked:
+            self.column(hashes, exact=True)
+
+    def enter_many(self, keys: np.ndarray, hashes: Sequence[Hashable], blocks: Sequence[int]) -> list[int]:
+        """``setdefault`` of ``prepare(hashes)`` and ``blocks``, paired as zip pairs them."""
+        if len(blocks) == 1 and keys.shape[0]:
+            return [self.setdefault_one(keys[:1], blocks[0])]       # a decode step's one new full block
+        return self.insert_array(keys, as_block_array(blocks)).tolist()
+
+    def insert(self, h: Hashable, block: int) -> None:
+        self.assign(h, block)
+
+    def take_blocks(self, blocks: Sequence[int], want_hashes: bool = True):
+        """Drop the keys of primary ``blocks``; their rows stay readable until the blocks take new
+        keys, so the hashes handed back (``want_hashes``) are read after."""
+        self.remove_blocks(blocks, False)
+        return self.hashes_of(blocks) if want_hashes else ()
+
+    def take_blocks_checked(self, blocks: Sequence[int], want_hashes: bool = True):
+        try:
+            arr = as_block_array(blocks)
+        except (TypeError, ValueError, OverflowError):       # not block ids
+            return None
+        if self.remove_blocks(arr, True) >= 0:
+            return None
+        return self.hashes_of(blocks) if want_hashes else ()

@@ -579,28 +579,28 @@ class KVCacheMachine(RuleBasedStateMachine):
             else:
                 assert isinstance(ev, AllBlocksCleared)
                 self.stored.clear()
-        assert self.stored == set(pool._cached), "event stream disagrees with the hash map"
+        assert self.stored == set(pool.cached_map), "event stream disagrees with the hash map"
         assert stats.evictions >= self.removed, "a hash left the cache without an eviction"
         for ev in stored_now:
-            if ev.block_hash in pool._cached:
-                assert pool._cached[ev.block_hash] == ev.block_id
+            if ev.block_hash in pool.cached_map:
+                assert pool.cached_map[ev.block_hash] == ev.block_id
 
         # Every cached block (active or evictable) still holds its hash's KV, on every tier.
-        for h, block in pool._cached.items():
+        for h, block in pool.cached_map.items():
             _, prefix = self.known[h]
             assert self.store.slots[block].tolist() == list(prefix[-B:]), \
                 f"cached block {block} was overwritten"
         if mgr.host is not None:
             host_pool = mgr.host.pool
-            assert self.stored_host == set(host_pool._cached), "host events disagree with the host tier"
+            assert self.stored_host == set(host_pool.cached_map), "host events disagree with the host tier"
             assert host_pool.num_active + host_pool.num_evictable + host_pool.num_free_uncached == \
                 host_pool.num_blocks
-            for h, block in host_pool._cached.items():
+            for h, block in host_pool.cached_map.items():
                 _, prefix = self.known[h]
                 assert self.host_store.slots[block].tolist() == list(prefix[-B:]), \
                     f"host block {block} does not hold its hash's KV"
             if not self.host_cache:
-                assert not host_pool._cached and stats.demotions == stats.loads == 0
+                assert not host_pool.cached_map and stats.demotions == stats.loads == 0
 
     def replay_host_event(self, ev) -> None:
         if isinstance(ev, BlockStored):
@@ -670,7 +670,7 @@ def test_fifo_orphaned_child_then_readmit_keeps_events_consistent():
     stored = {e.block_hash for e in mgr.drain_events() if isinstance(e, BlockStored)}
     assert len(stored) == 2
     mgr.admit("y", [5, 5, 5])             # 2 blocks: the free one, then evicts R (oldest), not C
-    assert len(mgr.pool._cached) == 2     # C (orphaned) and y's full block
+    assert len(mgr.pool.cached_map) == 2     # C (orphaned) and y's full block
     mgr.free("y")
     mgr.admit("z", [0, 1, 2, 3])
     live = set(stored)
@@ -681,7 +681,7 @@ def test_fifo_orphaned_child_then_readmit_keeps_events_consistent():
             live.add(ev.block_hash)
         elif isinstance(ev, BlockRemoved):
             live.remove(ev.block_hash)
-    assert live == set(mgr.pool._cached)
+    assert live == set(mgr.pool.cached_map)
     mgr.check_invariants()
 
 

@@ -32,7 +32,6 @@ from prefixkv import KVCacheManager  # noqa: E402
 from prefixkv.errors import (HashMismatch, InvalidArgument, InvariantViolation, OutOfBlocks,  # noqa: E402
                              PolicyError)
 import prefixkv.flat.lru as flat_lru_module  # noqa: E402
-import prefixkv.flat.pool as flat_pool_module  # noqa: E402
 from prefixkv.flat.lru import CompiledLRU  # noqa: E402
 from prefixkv.flat.pool import FlatBlockPool  # noqa: E402
 from prefixkv.policies import SessionHint, available_policies, make_policy  # noqa: E402
@@ -402,13 +401,13 @@ class CompiledPathPair(FastPathPair):
                 policy=st.just("lru-compiled"), track_reuse=st.just(False), record_events=st.just(False),
                 keep_chain=st.booleans(), record_evictions=st.booleans())
     def setup(self, **params):
-        self._small = (flat_pool_module.SMALL, flat_lru_module.SMALL)
-        flat_pool_module.SMALL = flat_lru_module.SMALL = 1
+        self._small = flat_lru_module.SMALL     # (read when a pool builds its fused batches)
+        flat_lru_module.SMALL = 1
         self._setup(**params)
 
     def teardown(self):
         if hasattr(self, "_small"):
-            flat_pool_module.SMALL, flat_lru_module.SMALL = self._small
+            flat_lru_module.SMALL = self._small
 
 
 _SETTINGS = dict(stateful_step_count=40, deadline=None,
