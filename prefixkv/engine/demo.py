@@ -199,14 +199,32 @@ def print_report(result: dict) -> None:
 BYTES_PER_REQUEST = 16 * 2**10
 
 
+def model_bytes(args) -> int:
+    """Host bytes of the demo model's float32 weights (``TinyLlama``: embedding and LM head, per
+    layer the attention and MLP projections and two norms), plus one copy of its largest matrix
+    (``torch.randn(...) / sqrt(n)`` makes a temporary the size of each weight it draws)."""
+    hidden, heads, kv_heads, layers = args.hidden_size, args.heads, args.kv_heads, args.layers
+    head_dim = hidden // heads
+    inner = 2 * hidden                   # intermediate_size, as run_demo builds the config
+    vocab = 256
+    per_layer = (2 * heads + 2 * kv_heads) * head_dim * hidden + 3 * inner * hidden + 2 * hidden
+    params = 2 * vocab * hidden + layers * per_layer + hidden
+    largest = max(vocab * hidden, inner * hidden, heads * head_dim * hidden)
+    return 4 * (params + largest)
+
+
 def check_memory(args) -> None:
-    """Refuse sizes whose prompts, requests or KV pool cannot fit in host memory, before building any."""
+    """Refuse sizes whose model, prompts, requests or KV pool cannot fit in host memory, before
+    building any."""
     from ..hostmem import MANAGER_BYTES_PER_BLOCK, require
+    from ..sizing import format_size
 
     head_dim = args.hidden_size // args.heads
     kv_bytes = args.num_blocks * args.block_size * 2 * args.layers * args.kv_heads * head_dim * 4   # float32 K, V
-    require(args.requests * BYTES_PER_REQUEST + kv_bytes + args.num_blocks * MANAGER_BYTES_PER_BLOCK,
-            f"{args.requests:,} requests with a pool of {args.num_blocks:,} blocks")
+    weights = model_bytes(args)
+    require(args.requests * BYTES_PER_REQUEST + kv_bytes + args.num_blocks * MANAGER_BYTES_PER_BLOCK + weights,
+            f"{args.requests:,} requests with a pool of {args.num_blocks:,} blocks and a model of hidden size "
+            f"{args.hidden_size:,} x {args.layers:,} layers ({format_size(weights)} of weights)")
 
 
 def cmd_generate(args) -> int:
