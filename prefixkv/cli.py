@@ -195,16 +195,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
     result["trace"] = source.label
     result["requested_capacity"] = args.capacity
     result["effective_capacity"] = capacity
+    oversized = _oversized_note(trace, result, capacity, args.mode)
     if args.json:
         print(json.dumps(result))
-        if note:
-            print(f"prefixkv replay: note: {note}", file=sys.stderr)
+        for text in (note, oversized):
+            if text:
+                print(f"prefixkv replay: note: {text}", file=sys.stderr)
         return 0
     host = (f", host tier {args.host_capacity:,} blocks ({args.host_policy or 'lru'})" if args.host_capacity else "")
     print(f"{source.label}: {len(trace):,} requests, blocks of {trace.block_size} tokens, "
           f"policy {args.policy}, capacity {capacity:,} blocks{host}, {args.mode} mode")
-    if note:
-        print(f"note: {note}")
+    for text in (note, oversized):
+        if text:
+            print(f"note: {text}")
     where = _where_generated([source])
     if where:
         print(where)
@@ -224,6 +227,23 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print("  " + ", ".join(f"{tier} {hits:,} hits ({100 * result['tier_hit_rate'][tier]:.2f} %)"
                                for tier, hits in result["tier_block_hits"].items()))
     return 0
+
+
+def _oversized_note(trace, result: dict, capacity: int, mode: str) -> str | None:
+    """Adds ``largest_request_blocks`` and ``fitting_requests`` to a replay's ``result``; returns a
+    note when requests were larger than the whole cache (never admitted, all misses): a hit rate
+    of 0 % then says more about the capacity than about the policy."""
+    from .sim.sweep import request_blocks
+
+    largest = max(request_blocks(trace, mode), default=0)
+    n, total = result.get("oversized_requests", 0), result.get("requests", 0)
+    result["largest_request_blocks"] = largest
+    result["fitting_requests"] = total - n
+    if not n:
+        return None
+    return (f"{n:,} of {total:,} measured request{'s' if total != 1 else ''} did not fit: larger than the whole "
+            f"cache of {capacity:,} block{'s' if capacity != 1 else ''} (the largest takes {largest:,}), "
+            f"never admitted and counted as all misses; --capacity {largest:,} or more fits every request")
 
 
 def require_blocks_for_host(blocks: int) -> None:
