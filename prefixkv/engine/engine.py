@@ -12,7 +12,7 @@ executor raises, the requests of that step are failed, their blocks released,
 and the exception propagates. ``generate`` cancels its unfinished requests on
 the way out, whatever the reason.
 
-Ctrl-C: the engine changes its bookkeeping with SIGINT held back (``interrupts.held``), and lets
+Ctrl-C: the engine changes its bookkeeping with SIGINT held back (``prefixkv.interrupts.held``), and lets
 it through only around the executor's forward (failed as any executor error is). An interrupt
 therefore surfaces as ``KeyboardInterrupt`` with the manager and the scheduler whole: the
 requests of an interrupted step are failed and released, ``generate`` cancels the rest, and the
@@ -44,7 +44,7 @@ from ..manager import KVCacheManager
 from ..policies import SessionHint
 from ..costs import PreemptionCostModel
 from .metrics import RunMetrics, WallClock, summarize
-from .interrupts import held, let_through
+from ..interrupts import held, let_through
 from .plan import Executor, StepPlan
 from .request import GREEDY, Request, SamplingParams, check_prompt_tokens, request_seed
 from .scheduler import Scheduler, SchedulerConfig
