@@ -11,6 +11,7 @@ import sys
 from . import __version__
 from .argtypes import (fraction, model_spec, non_negative_float, non_negative_int, positive_int, positive_size, seed,
                        size)
+from .console import counted
 from .errors import PrefixKVError
 from .sizing import KVSpec, format_size, parse_size, plan
 
@@ -203,8 +204,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 print(f"prefixkv replay: note: {text}", file=sys.stderr)
         return 0
     host = (f", host tier {args.host_capacity:,} blocks ({args.host_policy or 'lru'})" if args.host_capacity else "")
-    print(f"{source.label}: {len(trace):,} requests, blocks of {trace.block_size} tokens, "
-          f"policy {args.policy}, capacity {capacity:,} blocks{host}, {args.mode} mode")
+    print(f"{source.label}: {counted(len(trace), 'request')}, blocks of {trace.block_size} tokens, "
+          f"policy {args.policy}, capacity {counted(capacity, 'block')}{host}, {args.mode} mode")
     for text in (note, oversized):
         if text:
             print(f"note: {text}")
@@ -241,8 +242,8 @@ def _oversized_note(trace, result: dict, capacity: int, mode: str) -> str | None
     result["fitting_requests"] = total - n
     if not n:
         return None
-    return (f"{n:,} of {total:,} measured request{'s' if total != 1 else ''} did not fit: larger than the whole "
-            f"cache of {capacity:,} block{'s' if capacity != 1 else ''} (the largest takes {largest:,}), "
+    return (f"{n:,} of {counted(total, 'measured request')} did not fit: larger than the whole "
+            f"cache of {counted(capacity, 'block')} (the largest takes {largest:,}), "
             f"never admitted and counted as all misses; --capacity {largest:,} or more fits every request")
 
 
@@ -416,11 +417,12 @@ def cmd_workload(args: argparse.Namespace) -> int:
     config = BUILTIN_WORKLOADS[args.name]
     changes = {k: v for k, v in (("seed", args.seed), ("num_requests", args.requests)) if v is not None}
     config = replace(config, **changes)
-    require(estimated_bytes(config), f"generating {config.num_requests:,} requests of workload {config.name!r}")
+    require(estimated_bytes(config), f"generating {counted(config.num_requests, 'request')} of workload "
+                                     f"{config.name!r}")
     target = data_file(args.out, force=args.force)
     with atomic_path(target) as tmp:
         generate_trace(tmp, config)
-    print(f"wrote {target}: {config.num_requests:,} requests of workload {config.name!r}, seed {config.seed}")
+    print(f"wrote {target}: {counted(config.num_requests, 'request')} of workload {config.name!r}, seed {config.seed}")
     return 0
 
 
@@ -621,10 +623,38 @@ def _attach_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command parser ``args`` was parsed by: ``compare``, ``tier stats``, ..."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            name = getattr(args, action.dest, None)
+            if name in action.choices:
+                return _command_parser(action.choices[name], args)
+    return parser
+
+
+def _refuse_unrecognized(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> None:
+    """Unrecognized arguments, refused by the command's own parser (its usage, not the top level's),
+    with the option a misspelt one was likely meant to be (``--polices``: ``--policies``)."""
+    import difflib
+
+    command = _command_parser(parser, args)
+    options = [o for a in command._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for extra in extras:
+        if extra.startswith("--"):
+            close = difflib.get_close_matches(extra.split("=", 1)[0], options, n=1, cutoff=0.6)
+            if close:
+                hints.append(f"{extra.split('=', 1)[0]}: did you mean {close[0]}?")
+    command.error(f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
-        args = parser.parse_args(_attach_negative_values(sys.argv[1:] if argv is None else list(argv)))
+        args, extras = parser.parse_known_args(_attach_negative_values(sys.argv[1:] if argv is None else list(argv)))
+        if extras:
+            _refuse_unrecognized(parser, args, extras)
         try:
             return args.func(args)
         except BrokenPipeError:  # `prefixkv ... | head`: the reader left; not an error of ours

@@ -157,11 +157,15 @@ def _fmt(value, kind: str) -> str:
 def print_report(result: dict) -> None:
     m = result["model"]
     lengths = result["prompt_tokens"]
-    print(f"prefixkv generate: {result['requests']} prompts of {min(lengths)}-{max(lengths)} tokens sharing a "
+    from ..console import counted
+
+    span = f"{min(lengths)}" if min(lengths) == max(lengths) else f"{min(lengths)}-{max(lengths)}"
+    print(f"prefixkv generate: {counted(result['requests'], 'prompt')} of {span} tokens sharing a "
           f"{result['system_prompt_tokens']}-token system prompt, {result['max_new_tokens']} new tokens each")
     print(f"model: tiny Llama, {m['layers']} layers, hidden {m['hidden_size']}, {m['heads']} heads / "
           f"{m['kv_heads']} KV heads, random weights (seed {m['seed']}); block {result['block_size']}, "
-          f"{result['num_blocks']} blocks, budget {result['budget']} tokens/step, {result['max_seqs']} seqs")
+          f"{counted(result['num_blocks'], 'block')}, budget {result['budget']} tokens/step, "
+          f"{counted(result['max_seqs'], 'seq')}")
     rows = [
         ("prompt tokens", "prompt_tokens", "int"),
         ("prefill tokens computed", "prefill_tokens_computed", "int"),
@@ -216,6 +220,7 @@ def model_bytes(args) -> int:
 def check_memory(args) -> None:
     """Refuse sizes whose model, prompts, requests or KV pool cannot fit in host memory, before
     building any."""
+    from ..console import counted
     from ..hostmem import MANAGER_BYTES_PER_BLOCK, require
     from ..sizing import format_size
 
@@ -223,7 +228,7 @@ def check_memory(args) -> None:
     kv_bytes = args.num_blocks * args.block_size * 2 * args.layers * args.kv_heads * head_dim * 4   # float32 K, V
     weights = model_bytes(args)
     require(args.requests * BYTES_PER_REQUEST + kv_bytes + args.num_blocks * MANAGER_BYTES_PER_BLOCK + weights,
-            f"{args.requests:,} requests with a pool of {args.num_blocks:,} blocks and a model of hidden size "
+            f"{counted(args.requests, 'request')} with a pool of {counted(args.num_blocks, 'block')} and a model of hidden size "
             f"{args.hidden_size:,} x {args.layers:,} layers ({format_size(weights)} of weights)")
 
 

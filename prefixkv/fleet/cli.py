@@ -12,6 +12,7 @@ import os
 import sys
 
 from ..argtypes import non_negative_int, positive_int
+from ..console import counted
 from ..errors import InvalidArgument, PrefixKVError
 
 ROUTER_NAMES = ("round-robin", "least-load", "prefix", "kv-aware", "kv-aware+guard")
@@ -102,7 +103,7 @@ def _print(out: dict, args, trace) -> None:
     cap = f"{out['capacity']:,} blocks of {out['block_size']} tokens per replica"
     if out["distinct_blocks"]:
         cap += f" ({args.capacity[1]:g}% of {out['distinct_blocks']:,} distinct)"
-    print(f"{out['trace']}: {len(trace):,} requests, {out['replicas']} replicas x {cap}, router {out['router']}, "
+    print(f"{out['trace']}: {counted(len(trace), 'request')}, {counted(out['replicas'], 'replica')} x {cap}, router {out['router']}, "
           f"events {out['event_delay']} request(s) late, predicted inserts {'on' if out['predict'] else 'off'}, "
           f"cost model {out['cost_params']}")
     rows = [
