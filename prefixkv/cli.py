@@ -197,16 +197,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
     result["requested_capacity"] = args.capacity
     result["effective_capacity"] = capacity
     oversized = _oversized_note(trace, result, capacity, args.mode)
+    staging = None
+    if args.remote_capacity and not args.host_capacity:
+        staging = (f"no --host-capacity: a host tier of {counted(result['host_capacity'], 'block')} (the largest "
+                   f"request) stages the remote tier's blocks (give --host-capacity "
+                   f"to size it)")
     if args.json:
         print(json.dumps(result))
-        for text in (note, oversized):
+        for text in (note, oversized, staging):
             if text:
                 print(f"prefixkv replay: note: {text}", file=sys.stderr)
         return 0
     host = (f", host tier {args.host_capacity:,} blocks ({args.host_policy or 'lru'})" if args.host_capacity else "")
     print(f"{source.label}: {counted(len(trace), 'request')}, blocks of {trace.block_size} tokens, "
           f"policy {args.policy}, capacity {counted(capacity, 'block')}{host}, {args.mode} mode")
-    for text in (note, oversized):
+    for text in (note, oversized, staging):
         if text:
             print(f"note: {text}")
     where = _where_generated([source])
@@ -444,7 +449,8 @@ def _add_tier_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-policy", default=None, help="eviction policy of the host tier (default lru)")
     p.add_argument("--remote-capacity", type=non_negative_int, default=0,
                    help="blocks of a shared remote tier (a Redis server) below the host tier, cache mode "
-                        "(default 0: none)")
+                        "(default 0: none); without --host-capacity, a host tier the size of the largest "
+                        "request stages its blocks")
     p.add_argument("--model-spec", type=model_spec, default=None,
                    help="layers,kv_heads,head_dim[,dtype[,tp]] pricing a block's transfer (default: the "
                         "design notes' 32,8,128,bfloat16)")
