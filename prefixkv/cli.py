@@ -11,6 +11,7 @@ from . import __version__
 from .command import run
 from .argtypes import (fraction, model_spec, non_negative_float, non_negative_int, positive_int, positive_size, seed,
                        size)
+from .console import counted
 from .sizing import KVSpec, format_size, parse_size, plan
 
 DESCRIPTION = ("prefixkv: a prefix-caching, paged KV-cache store. Size a pool (plan), check the block "
@@ -194,16 +195,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
     result["trace"] = source.label
     result["requested_capacity"] = args.capacity
     result["effective_capacity"] = capacity
+    oversized = _oversized_note(trace, result, capacity, args.mode)
+    staging = None
+    if args.remote_capacity and not args.host_capacity:
+        staging = (f"no --host-capacity: a host tier of {counted(result['host_capacity'], 'block')} (the largest "
+                   f"request) stages the remote tier's blocks (give --host-capacity "
+                   f"to size it)")
     if args.json:
         print(json.dumps(result))
-        if note:
-            print(f"prefixkv replay: note: {note}", file=sys.stderr)
+        for text in (note, oversized, staging):
+            if text:
+                print(f"prefixkv replay: note: {text}", file=sys.stderr)
         return 0
     host = (f", host tier {args.host_capacity:,} blocks ({args.host_policy or 'lru'})" if args.host_capacity else "")
-    print(f"{source.label}: {len(trace):,} requests, blocks of {trace.block_size} tokens, "
-          f"policy {args.policy}, capacity {capacity:,} blocks{host}, {args.mode} mode")
-    if note:
-        print(f"note: {note}")
+    print(f"{source.label}: {counted(len(trace), 'request')}, blocks of {trace.block_size} tokens, "
+          f"policy {args.policy}, capacity {counted(capacity, 'block')}{host}, {args.mode} mode")
+    for text in (note, oversized, staging):
+        if text:
+            print(f"note: {text}")
     where = _where_generated([source])
     if where:
         print(where)
@@ -223,6 +232,23 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print("  " + ", ".join(f"{tier} {hits:,} hits ({100 * result['tier_hit_rate'][tier]:.2f} %)"
                                for tier, hits in result["tier_block_hits"].items()))
     return 0
+
+
+def _oversized_note(trace, result: dict, capacity: int, mode: str) -> str | None:
+    """Adds ``largest_request_blocks`` and ``fitting_requests`` to a replay's ``result``; returns a
+    note when requests were larger than the whole cache (never admitted, all misses): a hit rate
+    of 0 % then says more about the capacity than about the policy."""
+    from .sim.sweep import request_blocks
+
+    largest = max(request_blocks(trace, mode), default=0)
+    n, total = result.get("oversized_requests", 0), result.get("requests", 0)
+    result["largest_request_blocks"] = largest
+    result["fitting_requests"] = total - n
+    if not n:
+        return None
+    return (f"{n:,} of {counted(total, 'measured request')} did not fit: larger than the whole "
+            f"cache of {counted(capacity, 'block')} (the largest takes {largest:,}), "
+            f"never admitted and counted as all misses; --capacity {largest:,} or more fits every request")
 
 
 def require_blocks_for_host(blocks: int) -> None:
@@ -395,11 +421,12 @@ def cmd_workload(args: argparse.Namespace) -> int:
     config = BUILTIN_WORKLOADS[args.name]
     changes = {k: v for k, v in (("seed", args.seed), ("num_requests", args.requests)) if v is not None}
     config = replace(config, **changes)
-    require(estimated_bytes(config), f"generating {config.num_requests:,} requests of workload {config.name!r}")
+    require(estimated_bytes(config), f"generating {counted(config.num_requests, 'request')} of workload "
+                                     f"{config.name!r}")
     target = data_file(args.out, force=args.force)
     with atomic_path(target) as tmp:
         generate_trace(tmp, config)
-    print(f"wrote {target}: {config.num_requests:,} requests of workload {config.name!r}, seed {config.seed}")
+    print(f"wrote {target}: {counted(config.num_requests, 'request')} of workload {config.name!r}, seed {config.seed}")
     return 0
 
 
@@ -421,7 +448,8 @@ def _add_tier_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-policy", default=None, help="eviction policy of the host tier (default lru)")
     p.add_argument("--remote-capacity", type=non_negative_int, default=0,
                    help="blocks of a shared remote tier (a Redis server) below the host tier, cache mode "
-                        "(default 0: none)")
+                        "(default 0: none); without --host-capacity, a host tier the size of the largest "
+                        "request stages its blocks")
     p.add_argument("--model-spec", type=model_spec, default=None,
                    help="layers,kv_heads,head_dim[,dtype[,tp]] pricing a block's transfer (default: the "
                         "design notes' 32,8,128,bfloat16)")

@@ -13,6 +13,11 @@ import os
 OFF_TERMINAL_WIDTH = 240
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun`` as a sentence says it: "1 request", "2 requests", "1,000 requests"."""
+    return f"{n:,} {noun if n == 1 else (plural or noun + 's')}"
+
+
 def make_console(stderr: bool = False):
     from rich.console import Console
 

@@ -141,6 +141,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.reserve_tokens is not None and not args.compare_reserved:
         raise ValueError("--reserve-tokens sets the reserved baseline's reservation: it needs --compare-reserved")
+    if args.executor == "engine":
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise RuntimeError("prefixkv bench --executor engine needs torch (pip install 'prefixkv[torch]'); "
+                               "the default --executor cost-model does not") from None
     cfg = build_config(args)
     check_block_sizes(cfg)
     check_pool_memory(cfg)

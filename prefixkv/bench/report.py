@@ -93,15 +93,15 @@ def bench_tables(result: BenchResult, title: str, width: int | None, wide: bool 
 def render(result: BenchResult, console=None, wide: bool = False) -> None:
     from rich.text import Text
 
-    from ..console import make_console
+    from ..console import counted, make_console
 
     console = console or make_console()
     cfg = result.config
     tr = result.trace
     s = cfg.spec
-    title = (f"{tr['name']}: {tr['requests']:,} requests, pool {format_size(cfg.pool_bytes)}, "
+    title = (f"{tr['name']}: {counted(tr['requests'], 'request')}, pool {format_size(cfg.pool_bytes)}, "
              f"{s.layers}x{s.kv_heads}x{s.head_dim} {s.dtype} ({s.bytes_per_token:,} B/token), "
-             f"budget {cfg.max_num_batched_tokens} tokens, {cfg.max_num_seqs} seqs, policy {cfg.policy}, "
+             f"budget {cfg.max_num_batched_tokens} tokens, {counted(cfg.max_num_seqs, 'seq')}, policy {cfg.policy}, "
              f"executor {cfg.executor}" + (f" ({cfg.params.name})" if cfg.executor == "cost-model" else ""))
     for table in bench_tables(result, title, console.width, wide):
         console.print(table)

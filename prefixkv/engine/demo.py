@@ -5,6 +5,13 @@ byte-level vocabulary), so with the prefix cache on every request after the
 first skips its prefill. Both runs use the same model, pool, budget and
 prompts; their outputs must be identical (they are printed as a check, not as
 text: the weights are random).
+
+With ``--remote URL`` the server is contacted first (one PING per node): a server that cannot be
+used (refused connection, a password wanted or refused, not Redis, a timeout) is named on stderr
+and in the JSON (``remote_contact``), and the run goes on without its hits. The warm-up does not
+use the remote tier, and the cache-on figures are one run against the server as found: a repeat
+would read back what the earlier cache-on runs of this command wrote, which is reuse the
+command made itself, not reuse the server offered.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 
 SYSTEM_PROMPT = (
@@ -65,11 +73,24 @@ def _run(model, prompts, args, caching: bool):
         if engine.remote is not None:
             stats = engine.remote.stats()
             summary["remote"] = {k: stats[k] for k in ("url", "fingerprint", "staged_blocks", "queued_blocks",
-                                                       "store_rejected", "store_nodes_down", "store_dropped_full")}
+                                                       "store_rejected", "store_nodes_down", "store_node_errors",
+                                                       "store_dropped_full")}
             summary["remote"]["host_hit_tokens"] = engine.manager.stats().host_hit_tokens
     finally:
         engine.close()          # flushes the remote tier's queued writes (bounded)
     return outputs, summary
+
+
+def contact_remote(url: str) -> dict:
+    """One PING per node of the remote tier at ``url``, with the engine's own timeouts: ``{"url":
+    masked, "nodes": {node: None | why not}, "ok": every node answered}``."""
+    from ..tiers.cli import _operator_store, shown_url
+    from ..tiers.redis_store import RedisStoreConfig
+
+    config = RedisStoreConfig()
+    with _operator_store(url, config.socket_timeout_s) as store:
+        nodes = store.ping()
+    return {"url": shown_url(url), "nodes": nodes, "ok": all(why is None for why in nodes.values())}
 
 
 def run_demo(args) -> dict:
@@ -77,16 +98,26 @@ def run_demo(args) -> dict:
 
     from .model import TinyLlama, TinyLlamaConfig
 
+    contact = None
+    if getattr(args, "remote", None):
+        contact = contact_remote(args.remote)
+        for node, why in contact["nodes"].items():
+            if why is not None:
+                print(f"prefixkv generate: warning: remote tier {contact['url']}: {node}: {why}; the cache-on runs "
+                      f"go on without it", file=sys.stderr, flush=True)
     torch.set_num_threads(args.threads)
     config = TinyLlamaConfig(hidden_size=args.hidden_size, intermediate_size=2 * args.hidden_size,
                              num_layers=args.layers, num_heads=args.heads, num_kv_heads=args.kv_heads,
                              head_dim=args.hidden_size // args.heads, seed=args.seed)
     model = TinyLlama(config)
     prompts = demo_prompts(args.requests)
-    _run(model, prompts[:2], argparse.Namespace(**{**vars(args), "max_new_tokens": 2}), True)   # warm-up
+    # warm-up (never the remote tier: what it wrote would be read back as hits by the runs below)
+    _run(model, prompts[:2], argparse.Namespace(**{**vars(args), "max_new_tokens": 2, "remote": None}), True)
     runs: dict = {}
-    for _ in range(args.repeat):            # alternate, so load changes hit both settings alike
+    for i in range(args.repeat):            # alternate, so load changes hit both settings alike
         for caching in (True, False):
+            if caching and contact is not None and i:
+                continue        # one cache-on run against the server as found (module docs)
             outputs, summary = _run(model, prompts, args, caching)
             if caching not in runs or summary["seconds"] < runs[caching][1]["seconds"]:
                 runs[caching] = (outputs, summary)
@@ -103,6 +134,9 @@ def run_demo(args) -> dict:
         "cache_on": on, "cache_off": off,
         "outputs_identical": out_on == out_off,
         "speedup": off["seconds"] / on["seconds"] if on["seconds"] else None,
+        **({"remote_contact": contact, "cache_on_runs": 1,
+            "measured": "cache on: one run against the remote tier as found at start (the warm-up does not "
+                        f"use it); cache off: the fastest of {args.repeat} run(s)"} if contact is not None else {}),
     }
 
 
@@ -123,11 +157,15 @@ def _fmt(value, kind: str) -> str:
 def print_report(result: dict) -> None:
     m = result["model"]
     lengths = result["prompt_tokens"]
-    print(f"prefixkv generate: {result['requests']} prompts of {min(lengths)}-{max(lengths)} tokens sharing a "
+    from ..console import counted
+
+    span = f"{min(lengths)}" if min(lengths) == max(lengths) else f"{min(lengths)}-{max(lengths)}"
+    print(f"prefixkv generate: {counted(result['requests'], 'prompt')} of {span} tokens sharing a "
           f"{result['system_prompt_tokens']}-token system prompt, {result['max_new_tokens']} new tokens each")
     print(f"model: tiny Llama, {m['layers']} layers, hidden {m['hidden_size']}, {m['heads']} heads / "
           f"{m['kv_heads']} KV heads, random weights (seed {m['seed']}); block {result['block_size']}, "
-          f"{result['num_blocks']} blocks, budget {result['budget']} tokens/step, {result['max_seqs']} seqs")
+          f"{counted(result['num_blocks'], 'block')}, budget {result['budget']} tokens/step, "
+          f"{counted(result['max_seqs'], 'seq')}")
     rows = [
         ("prompt tokens", "prompt_tokens", "int"),
         ("prefill tokens computed", "prefill_tokens_computed", "int"),
@@ -149,10 +187,12 @@ def print_report(result: dict) -> None:
               f"{_fmt(result['cache_off'][key], kind):>12}")
     remote = result["cache_on"].get("remote")
     if remote:
+        down = "".join(f"; {node}: {why}" for node, why in remote["store_node_errors"].items())
         print(f"remote tier {remote['url']} (fingerprint {remote['fingerprint']}): "
               f"{remote['staged_blocks']:,} blocks loaded (verified), {remote['queued_blocks']:,} queued for "
               f"writing, {remote['host_hit_tokens']:,} prompt tokens served below the device; refused values "
-              f"{remote['store_rejected'] or 'none'}, nodes down {remote['store_nodes_down']}")
+              f"{remote['store_rejected'] or 'none'}, nodes down {remote['store_nodes_down']}{down}")
+        print(f"measured: {result['measured']}")
     print(f"outputs identical: {'yes' if result['outputs_identical'] else 'NO'}")
     if result["speedup"]:
         print(f"end-to-end speed-up with the prefix cache: {result['speedup']:.2f}x")
@@ -163,14 +203,33 @@ def print_report(result: dict) -> None:
 BYTES_PER_REQUEST = 16 * 2**10
 
 
+def model_bytes(args) -> int:
+    """Host bytes of the demo model's float32 weights (``TinyLlama``: embedding and LM head, per
+    layer the attention and MLP projections and two norms), plus one copy of its largest matrix
+    (``torch.randn(...) / sqrt(n)`` makes a temporary the size of each weight it draws)."""
+    hidden, heads, kv_heads, layers = args.hidden_size, args.heads, args.kv_heads, args.layers
+    head_dim = hidden // heads
+    inner = 2 * hidden                   # intermediate_size, as run_demo builds the config
+    vocab = 256
+    per_layer = (2 * heads + 2 * kv_heads) * head_dim * hidden + 3 * inner * hidden + 2 * hidden
+    params = 2 * vocab * hidden + layers * per_layer + hidden
+    largest = max(vocab * hidden, inner * hidden, heads * head_dim * hidden)
+    return 4 * (params + largest)
+
+
 def check_memory(args) -> None:
-    """Refuse sizes whose prompts, requests or KV pool cannot fit in host memory, before building any."""
+    """Refuse sizes whose model, prompts, requests or KV pool cannot fit in host memory, before
+    building any."""
+    from ..console import counted
     from ..hostmem import MANAGER_BYTES_PER_BLOCK, require
+    from ..sizing import format_size
 
     head_dim = args.hidden_size // args.heads
     kv_bytes = args.num_blocks * args.block_size * 2 * args.layers * args.kv_heads * head_dim * 4   # float32 K, V
-    require(args.requests * BYTES_PER_REQUEST + kv_bytes + args.num_blocks * MANAGER_BYTES_PER_BLOCK,
-            f"{args.requests:,} requests with a pool of {args.num_blocks:,} blocks")
+    weights = model_bytes(args)
+    require(args.requests * BYTES_PER_REQUEST + kv_bytes + args.num_blocks * MANAGER_BYTES_PER_BLOCK + weights,
+            f"{counted(args.requests, 'request')} with a pool of {counted(args.num_blocks, 'block')} and a model of hidden size "
+            f"{args.hidden_size:,} x {args.layers:,} layers ({format_size(weights)} of weights)")
 
 
 def cmd_generate(args) -> int:

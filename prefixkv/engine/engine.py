@@ -12,6 +12,12 @@ executor raises, the requests of that step are failed, their blocks released,
 and the exception propagates. ``generate`` cancels its unfinished requests on
 the way out, whatever the reason.
 
+Ctrl-C: the engine changes its bookkeeping with SIGINT held back (``prefixkv.interrupts.held``), and lets
+it through only around the executor's forward (failed as any executor error is). An interrupt
+therefore surfaces as ``KeyboardInterrupt`` with the manager and the scheduler whole: the
+requests of an interrupted step are failed and released, ``generate`` cancels the rest, and the
+engine serves later requests as before.
+
 Prompts are checked when they are added: token ids must be integers in
 ``[0, vocab_size)`` when the executor knows the model's vocabulary size
 (``ModelExecutor.vocab_size``), ``[0, 2**32)`` otherwise. A bad one raises
@@ -38,6 +44,7 @@ from ..manager import KVCacheManager
 from ..policies import SessionHint
 from ..costs import PreemptionCostModel
 from .metrics import RunMetrics, WallClock, summarize
+from ..interrupts import held, let_through
 from .plan import Executor, StepPlan
 from .request import GREEDY, Request, SamplingParams, check_prompt_tokens, request_seed
 from .scheduler import Scheduler, SchedulerConfig
@@ -153,10 +160,12 @@ class Engine:
         (``InvalidArgument``, engine unchanged), not when the request finishes."""
         if session is not None:
             SessionHint(session, end=end, time=0.0, next_arrival=next_arrival)      # raises on a bad field
-        request_id = self._add(prompt, max_new_tokens=max_new_tokens, request_id=request_id, sampling=sampling,
-                               eos_token_id=eos_token_id, arrival_time=arrival_time, salt=salt)
-        request = self.requests[request_id]
-        request.session, request.end, request.next_arrival = session, end, next_arrival
+        with held():
+            request_id = self._add(prompt, max_new_tokens=max_new_tokens, request_id=request_id,
+                                   sampling=sampling, eos_token_id=eos_token_id, arrival_time=arrival_time,
+                                   salt=salt)
+            request = self.requests[request_id]
+            request.session, request.end, request.next_arrival = session, end, next_arrival
         return request_id
 
     def _add(self, prompt, *, max_new_tokens, request_id, sampling, eos_token_id, arrival_time,
@@ -190,9 +199,10 @@ class Engine:
         if self._stepping:
             self._deferred_cancels.append(request_id)
             return request_id in self.scheduler.requests
-        cancelled = self.scheduler.cancel(request_id)
-        if cancelled:
-            self.requests[request_id].metrics.finished = self.clock.now()
+        with held():
+            cancelled = self.scheduler.cancel(request_id)
+            if cancelled:
+                self.requests[request_id].metrics.finished = self.clock.now()
         return cancelled
 
     def request(self, request_id: Hashable) -> Request:
@@ -204,6 +214,13 @@ class Engine:
 
     # -- stepping ----------------------------------------------------------------
     def step(self) -> StepResult:
+        """One scheduler round and one executor call. Ctrl-C is held back except during the
+        executor's call: it surfaces as ``KeyboardInterrupt`` once the step's bookkeeping is whole
+        (the step's requests failed when it interrupted the executor)."""
+        with held():
+            return self._step()
+
+    def _step(self) -> StepResult:
         clock = self.clock
         now = clock.now()
         if self._remote_step is not None:
@@ -221,7 +238,8 @@ class Engine:
         self._stepping = True
         try:
             try:
-                output = self.executor.execute(plan)
+                with let_through():
+                    output = self.executor.execute(plan)
                 getattr(clock, "on_step", lambda _: None)(output.elapsed_s)
                 finished = self.scheduler.update(plan, output, clock.now())
             except BaseException as exc:
@@ -287,25 +305,31 @@ class Engine:
         ids = []
         try:
             for tokens in checked:
-                ids.append(self._add(tokens, max_new_tokens=max_new_tokens, request_id=None, sampling=sampling,
-                                     eos_token_id=eos_token_id, arrival_time=None, tokens=tokens))
+                with held():          # added and recorded in ids, or neither
+                    ids.append(self._add(tokens, max_new_tokens=max_new_tokens, request_id=None,
+                                         sampling=sampling, eos_token_id=eos_token_id, arrival_time=None,
+                                         tokens=tokens))
             while any(not self.requests[i].status.done for i in ids):
                 self.step()
         finally:
-            for request_id in ids:
-                if not self.requests[request_id].status.done:
-                    self.cancel(request_id)
+            with held():
+                for request_id in ids:
+                    if not self.requests[request_id].status.done:
+                        self.cancel(request_id)
         return [self.requests[i].output for i in ids]
 
     def close(self) -> None:
         """Cancel every live request (their blocks go back to the pool); close the remote tier."""
-        t = self.clock.now()
-        live = [r for r in self.requests.values() if not r.status.done]
         try:
-            self.scheduler.abort_all()   # releases every request even when one release raises
+            with held():
+                t = self.clock.now()
+                live = [r for r in self.requests.values() if not r.status.done]
+                try:
+                    self.scheduler.abort_all()   # releases every request even when one release raises
+                finally:
+                    for r in live:
+                        r.metrics.finished = t
         finally:
-            for r in live:
-                r.metrics.finished = t
             if self.remote is not None:
                 self.remote.close()          # sends what is queued (bounded), stops its thread
                 self.remote = self._remote_step = None

@@ -548,7 +548,11 @@ class Scheduler:
             # cannot forget single hashes, so forget them all; requests holding blocks go back
             # to waiting and recompute (their cached blocks are gone with the hashes).
             for seq_id in self.mgr.reset_prefix_cache(preempt_running=True):
-                r = self.requests[seq_id]
+                r = self.requests.get(seq_id)
+                if r is None:
+                    # Not the scheduler's (its request was dropped while the manager kept it, or it
+                    # was admitted to the manager directly): nothing of the scheduler to requeue.
+                    continue
                 self.running.remove(r)
                 r.status = RequestStatus.PREEMPTED
                 r.num_computed = 0

@@ -12,6 +12,7 @@ import os
 import sys
 
 from ..argtypes import non_negative_int, positive_int
+from ..console import counted
 from ..errors import InvalidArgument, PrefixKVError
 
 ROUTER_NAMES = ("round-robin", "least-load", "prefix", "kv-aware", "kv-aware+guard")
@@ -65,6 +66,11 @@ def add_fleet_command(subparsers) -> None:
     p.set_defaults(func=cmd_fleet)
 
 
+# Host bytes of one simulated replica before it caches anything (its manager, policy and
+# bookkeeping): 6.2 KB measured with tracemalloc over 2,000 replicas of 112 blocks.
+BYTES_PER_REPLICA = 6_500
+
+
 def cmd_fleet(args: argparse.Namespace) -> int:
     from ..costs import load_params
     from ..sim.traces import load_trace
@@ -82,6 +88,15 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         label = f"{name} (generated)"
     if not trace.requests:
         raise ValueError(f"{label}: the trace has no requests")
+    if args.replicas > len(trace.requests):
+        raise InvalidArgument("--replicas", f"{args.replicas:,} replicas for the trace's "
+                                            f"{counted(len(trace.requests), 'request')}: at most "
+                                            f"{len(trace.requests):,} (a replica no request reaches measures "
+                                            f"nothing, and each costs every routing decision a score)")
+    from ..hostmem import require
+
+    require(2 * args.replicas * BYTES_PER_REPLICA, f"{counted(args.replicas, 'replica')} (the fleet and its "
+                                                   f"round-robin reference, ~{BYTES_PER_REPLICA:,} B each)")
     kind, value = args.capacity
     distinct = trace.distinct_blocks() if kind == "percent" else None
     capacity = max(1, round(distinct * value / 100)) if kind == "percent" else value
@@ -102,7 +117,7 @@ def _print(out: dict, args, trace) -> None:
     cap = f"{out['capacity']:,} blocks of {out['block_size']} tokens per replica"
     if out["distinct_blocks"]:
         cap += f" ({args.capacity[1]:g}% of {out['distinct_blocks']:,} distinct)"
-    print(f"{out['trace']}: {len(trace):,} requests, {out['replicas']} replicas x {cap}, router {out['router']}, "
+    print(f"{out['trace']}: {counted(len(trace), 'request')}, {counted(out['replicas'], 'replica')} x {cap}, router {out['router']}, "
           f"events {out['event_delay']} request(s) late, predicted inserts {'on' if out['predict'] else 'off'}, "
           f"cost model {out['cost_params']}")
     rows = [

@@ -20,7 +20,10 @@ heartbeats and a DEALER socket on its replay socket, and keeps the stream whole:
 * a heartbeat naming another worker than the one connected is refused (``WireError``).
 
 ``FleetRouter`` puts it together: ``poll()`` to take in what arrived, ``pick(tokens)`` to
-route (hashing the prompt as the workers do, with the fleet's pinned seed).
+route (hashing the prompt as the workers do, with the fleet's pinned seed). ``wait_ready()`` polls
+until the workers are live and caught up: a router connected to a worker that already published
+sees nothing of it until a heartbeat (every ``heartbeat_interval_s``) and the replay of what it
+missed come in, and until then ``pick`` has no worker (``NoWorkerAvailable``) or reports misses.
 """
 
 from __future__ import annotations
@@ -398,6 +401,51 @@ class FleetRouter:
 
     def poll(self, timeout_s: float = 0.0, max_messages: int = MAX_MESSAGES) -> int:
         return self.subscriber.poll(timeout_s, max_messages)
+
+    def not_ready(self, worker_ids: Sequence[str] | None = None) -> dict[str, str]:
+        """Of ``worker_ids`` (default: every connected worker), those ``pick`` cannot yet route to
+        as they are, each with why: no heartbeat seen (or none lately), or batches its last
+        heartbeat announced not yet applied (a replay or snapshot under way). Read-only."""
+        links = self.subscriber._links
+        if worker_ids is None:
+            worker_ids = list(links)
+        elif isinstance(worker_ids, str):
+            worker_ids = [worker_ids]
+        unknown = [w for w in worker_ids if w not in links]
+        if unknown:
+            raise InvalidArgument("worker_ids", f"not connected: {', '.join(map(repr, unknown))}")
+        live = {link.worker_id for link in self.subscriber.live_workers()}
+        out = {}
+        for worker_id in worker_ids:
+            link = links[worker_id]
+            if worker_id not in live:
+                out[worker_id] = "no heartbeat yet" if link.heartbeat is None else "no recent heartbeat"
+            elif link.pending or link.asking is not None or link.expected < link.heartbeat.next_seq:
+                out[worker_id] = (f"catching up: {link.expected} of {link.heartbeat.next_seq} announced "
+                                  f"batch(es) applied")
+        return out
+
+    def wait_ready(self, worker_ids: Sequence[str] | None = None, *, timeout_s: float = 5.0) -> float:
+        """Poll until every worker of ``worker_ids`` (default: every connected one) is live and has
+        applied every batch its last heartbeat announced (``not_ready()`` is empty); returns the
+        seconds it took. ``TimeoutError`` after ``timeout_s`` (wall clock), naming the workers
+        still not ready and why. Call it after ``connect``: a worker's first heartbeat comes within
+        its ``heartbeat_interval_s`` (0.5 s by default), the replay of what it published before
+        the router connected right after."""
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or \
+                not (timeout_s > 0 and timeout_s < float("inf")):
+            raise InvalidArgument("timeout_s", f"must be a finite number of seconds > 0, got {timeout_s!r}")
+        start = time.monotonic()
+        deadline = start + timeout_s
+        while True:
+            waiting = self.not_ready(worker_ids)
+            if not waiting:
+                return time.monotonic() - start
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"after {timeout_s:g} s: " + "; ".join(f"worker {w!r}: {why}"
+                                                                         for w, why in waiting.items()))
+            self.poll(min(left, 0.05))
 
     def hashes(self, tokens: Sequence[int], *, salt=None, adapter=None) -> list[Hashable]:
         extra = NO_EXTRA_KEYS if salt is None and adapter is None else ExtraKeys(salt=salt, adapter=adapter)

@@ -20,8 +20,23 @@ from ..manager import KVCacheManager
 from .publisher import KVEventPublisher
 
 
+COMMANDS_HELP = """\
+commands on stdin, one JSON object per line:
+  {"op": "admit", "id": "r1", "tokens": [1, 2, 3, ...]}   admit a request (id: a string or number)
+  {"op": "free", "id": "r1"}                               free it (its full blocks stay cached)
+  {"op": "reset"}                                          forget every cached block
+  {"op": "drop_next"}                                      lose the next batch on the wire
+each answered on stdout with {"ok": OP} once its events are handed to the publisher,
+or {"error": "..."} naming what is wrong (the worker goes on); end of input stops it.
+The first line printed gives the endpoints: {"worker_id", "incarnation", "endpoints"}.
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m prefixkv.fleet.worker")
+    p = argparse.ArgumentParser(prog="python -m prefixkv.fleet.worker",
+                                description="A stand-alone prefixkv worker: a real KVCacheManager whose KV "
+                                            "events go out on ZMQ, driven by JSON commands on stdin.",
+                                epilog=COMMANDS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker-id", required=True)
     p.add_argument("--num-blocks", type=int, default=256)
     p.add_argument("--block-size", type=int, default=4)

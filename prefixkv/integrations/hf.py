@@ -557,6 +557,20 @@ class PrefixKVLayer(CacheLayerMixin):
         return None
 
 
+def _out_of_blocks(manager, needed: int, what: str, *, own_rows: int) -> OutOfBlocks:
+    """``OutOfBlocks`` for a cache's admission or append, saying so when other caches' rows hold
+    blocks: a cache used without ``with`` keeps them until ``release()`` (there is no finalizer),
+    so a loop that drops caches unreleased runs the pool dry and this is how it shows."""
+    exc = OutOfBlocks(needed, manager.num_free_blocks, what)
+    others = len(manager) - own_rows
+    if others > 0:
+        held = manager.stats().active_blocks
+        exc.args = (f"{exc.args[0]}; {others:,} row(s) of other caches on this store still hold blocks "
+                    f"({held:,} active in all): a cache keeps its rows until cache.release() or the end of "
+                    f"its `with` block, so release caches you are done with",)
+    return exc
+
+
 class PrefixKVCache(Cache):
     """A transformers ``Cache`` backed by a ``PrefixKVStore``. See the module docstring."""
 
@@ -793,7 +807,7 @@ class PrefixKVCache(Cache):
             if caching:
                 published.update(prompt.block_hashes()[:prompt.num_tokens // size])
         if needed > manager.num_free_blocks:
-            raise OutOfBlocks(needed, manager.num_free_blocks, f"admission of {len(prompts)} row(s)")
+            raise _out_of_blocks(manager, needed, f"admission of {len(prompts)} row(s)", own_rows=0)
 
     def _check_window(self, length: int) -> None:
         if self._window is not None and length > self._window:
@@ -1001,7 +1015,8 @@ class PrefixKVCache(Cache):
                         need -= 1                     # counted a copy it will not make
                 needed += need
             if needed > manager.num_free_blocks:
-                raise OutOfBlocks(needed, manager.num_free_blocks, f"append of {sum(map(len, news))} token(s)")
+                raise _out_of_blocks(manager, needed, f"append of {sum(map(len, news))} token(s)",
+                                     own_rows=len(self._rows))
             for seq, new in zip(seqs, news):
                 if new:
                     manager.append(seq, new)

@@ -1098,8 +1098,23 @@ def load_trace(path: str | os.PathLike | Sequence[str | os.PathLike], format: st
     if fmt is None:
         raise InvalidArgument("format", f"unknown trace format {_short(format)}; choose from auto, "
                                         f"{', '.join(FORMATS)}")
-    if fmt == "mooncake":
-        return load_mooncake(path, block_size if block_size is not None else MOONCAKE_BLOCK_SIZE, name=name)
-    if fmt == "kvcache-tester":
-        return load_kvcache_tester(path, block_size=block_size, name=name)
-    return load_token_trace(path, block_size, name=name)
+    if fmt != "kvcache-tester" and Path(path).is_dir():
+        raise InvalidArgument("format", f"{fmt} names a file, but {str(path)!r} is a directory: only a "
+                                        f"kv-cache-tester set is a directory (of *.json files); use format "
+                                        f"kvcache-tester or auto")
+    try:
+        if fmt == "mooncake":
+            return load_mooncake(path, block_size if block_size is not None else MOONCAKE_BLOCK_SIZE, name=name)
+        if fmt == "kvcache-tester":
+            return load_kvcache_tester(path, block_size=block_size, name=name)
+        return load_token_trace(path, block_size, name=name)
+    except TraceFormatError as exc:
+        # A format given by name that the file is not: say what the file looks like.
+        try:
+            found = detect_format(path)
+        except (OSError, ValueError):
+            found = None
+        if found is None or found == fmt:
+            raise
+        raise TraceFormatError(exc.path, exc.line, f"{exc.problem}; read as a {fmt} trace, but the file looks "
+                                                   f"like a {found} one: use format {found} or auto") from None

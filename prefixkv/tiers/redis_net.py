@@ -39,7 +39,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.connection import Connection, UnixDomainSocketConnection, parse_url
 from redis.crc import key_slot
-from redis.exceptions import InvalidResponse, ResponseError
+from redis.exceptions import AuthenticationError, InvalidResponse, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -55,7 +55,7 @@ def masked_url(url: str) -> str:
     return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", url))
 
 __all__ = ["RemoteTierError", "StoreClosed", "NodeClosed", "NodeDown", "Node", "Topology", "NETWORK_ERRORS", "retries_of", "roundtrip",
-           "CLUSTER_SCHEME", "HIREDIS"]
+           "CLUSTER_SCHEME", "HIREDIS", "explain"]
 
 CLUSTER_SCHEME = "redis+cluster://"
 # The connection is unusable: unreachable, timed out, or its peer does not speak RESP (redis-py
@@ -99,8 +99,8 @@ class Node:
     ``fg`` serves the caller's thread (the store serialises foreground calls),
     ``bg`` the store's background thread; neither is shared between threads."""
 
-    __slots__ = ("name", "down", "opens", "closes", "epoch", "error", "closed", "fg", "bg", "_kwargs", "_epochs",
-                 "_open_lock")
+    __slots__ = ("name", "down", "opens", "closes", "epoch", "error", "closed", "fg", "bg", "timeouts", "_kwargs",
+                 "_epochs", "_open_lock")
 
     def __init__(self, name: str, kwargs: dict, timeouts: Timeouts) -> None:
         self.name = name
@@ -110,6 +110,7 @@ class Node:
         self.epoch = 0           # network failures seen; a connection older than the last one reconnects
         self.error: str | None = None   # while down: why (the last failure), e.g. a refused password
         self.closed = False
+        self.timeouts = timeouts
         # Held while a connection opens its socket and while close() sweeps them: a thread that was
         # mid-call when the node closed (a writer round past close()'s bounded join) cannot open a
         # socket after the sweep, however the two interleave. Held for one connect at most (bounded
@@ -151,7 +152,7 @@ class Node:
         """A network failure: drop the connection (its replies are out of step) and open the breaker."""
         conn.disconnect()
         self.epoch += 1
-        self.error = _describe(exc)
+        self.error = _describe(exc, self.timeouts)
         if not self.down:
             self.down = True
             self.opens += 1
@@ -167,7 +168,7 @@ class Node:
             conn.read_response()
         except NETWORK_ERRORS as exc:    # BusyLoadingError (LOADING) among them: up, not ready
             conn.disconnect()
-            self.error = _describe(exc)
+            self.error = _describe(exc, self.timeouts)
             return False
         except ResponseError:
             pass
@@ -206,11 +207,50 @@ def roundtrip(node: Node, conn: Connection, commands: Sequence[tuple]) -> list:
         raise
 
 
-def _describe(exc: BaseException | None) -> str:
-    """Why a node is down, for stats: a refused password reads otherwise than a refused connection."""
+def _describe(exc: BaseException | None, timeouts: Timeouts | None = None) -> str:
+    """Why a node is down, for stats: the problem in words, then what redis-py said."""
     if exc is None:
         return "unknown"
-    return f"{type(exc).__name__}: {exc}"
+    return f"{explain(exc, timeouts)} ({type(exc).__name__}: {exc})"
+
+
+_NO_PASSWORD = ("NOAUTH", "HELLO must be called with the client already authenticated", "Authentication required")
+
+
+def explain(exc: BaseException, timeouts: Timeouts | None = None) -> str:
+    """What a failed contact with a node means, in the words an operator acts on: a server that
+    wants a password (or refused the one given), a server that is not Redis, one that timed out,
+    a refused connection. A reachable server is never called unreachable."""
+    text = str(exc)
+    if isinstance(exc, AuthenticationError) or "NOAUTH" in text or "WRONGPASS" in text:
+        if any(marker in text for marker in _NO_PASSWORD):
+            return ("authentication failed: the server requires a password and the URL gives none "
+                    "(redis://[user]:password@host:port/db)")
+        return "authentication failed: the server refused the URL's user name or password"
+    if isinstance(exc, InvalidResponse):
+        got = re.search(r'got "(.*?)"', text)
+        seen = f" (its reply starts with {got.group(1)!r})" if got else ""
+        return f"not a Redis server: it does not answer in the Redis protocol{seen}; is another service on that port?"
+    if isinstance(exc, (RedisTimeoutError, socket.timeout)):
+        connecting = "connect" in text.lower()
+        limit = None if timeouts is None else (timeouts.connect_s if connecting else timeouts.socket_s)
+        after = f" after {limit:g} s" if limit is not None else ""
+        if connecting:
+            return f"timed out{after} connecting: nothing answered the connection (a firewall, or a wrong host)"
+        return f"timed out{after}: the server accepted the connection but did not answer (hung or overloaded)"
+    if isinstance(exc, NodeClosed):
+        return "the store is closed"
+    errno = getattr(exc, "errno", None)
+    if errno is None and exc.args and isinstance(exc.args[0], str):
+        found = re.match(r"Error (\d+)", exc.args[0])
+        errno = int(found.group(1)) if found else None
+    if errno == 111 or "Connection refused" in text:
+        return "connection refused: nothing listens on that port (is the server running, the port right?)"
+    if errno == 2 or "No such file" in text:
+        return "no such socket file (is the server running with that unixsocket path?)"
+    if "Name or service not known" in text or "nodename nor servname" in text or "getaddrinfo" in text:
+        return "unknown host name"
+    return f"unreachable: {text}"
 
 
 def _read(conn: Connection, n: int) -> list:

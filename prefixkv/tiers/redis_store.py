@@ -69,7 +69,7 @@ from .block_codec import Reject, decode
 from ..checks import integer, seconds
 from .fingerprint import Fingerprint, payload_view
 from .redis_keys import DEFAULT_PREFIX, GROUP_MAX_BLOCKS, GROUP_MAX_BYTES, KeySpace, check_prefix
-from .redis_net import (HIREDIS, NETWORK_ERRORS, Node, NodeDown, RemoteTierError, StoreClosed, Timeouts, Topology,
+from .redis_net import (HIREDIS, NETWORK_ERRORS, Node, NodeDown, RemoteTierError, StoreClosed, Timeouts, Topology, explain,
                         masked_url, roundtrip, send_all)
 from .redis_writer import BackgroundWriter, Pending
 
@@ -441,7 +441,24 @@ class RedisBlockStore:
                 try:
                     out[node.name] = roundtrip(node, node.fg, commands_for(node))
                 except NETWORK_ERRORS as exc:
-                    raise RemoteTierError(f"{node.name} unreachable: {exc}") from None
+                    raise RemoteTierError(f"{node.name}: {explain(exc, node.timeouts)}") from None
+        return out
+
+    def ping(self) -> dict[str, str | None]:
+        """One PING to every master node, now, in the caller's thread: per node, None when it
+        answered, else why not (as ``explain`` words it: a password wanted or refused, not a Redis
+        server, a timeout, a refused connection). A node that fails has its breaker opened, as
+        any call would; one whose breaker is open is tried all the same. For start-up checks: the
+        store itself never needs it (its calls skip a down node and count it)."""
+        self._check_open()
+        out: dict[str, str | None] = {}
+        with self._fg:
+            for node in self.topology.masters():
+                try:
+                    roundtrip(node, node.fg, [("PING",)])
+                    out[node.name] = None           # an error reply is an answer (an ACL refusing PING)
+                except NETWORK_ERRORS as exc:
+                    out[node.name] = explain(exc, node.timeouts)
         return out
 
     def server_stats(self) -> list[dict]:
@@ -495,7 +512,7 @@ class RedisBlockStore:
                                 raise RemoteTierError(f"{node.name}: {errors[0]}")
                             deleted += sum(replies)
                     except NETWORK_ERRORS as exc:
-                        raise RemoteTierError(f"{node.name} unreachable: {exc}") from None
+                        raise RemoteTierError(f"{node.name}: {explain(exc, node.timeouts)}") from None
                     if cursor in (b"0", 0, "0"):
                         break
         return deleted
