@@ -190,7 +190,7 @@ class FlatIndex:
             raise ValueError(f"a flat index keys digests of a multiple of 8 bytes, got width {width}")
         if warm:
             _warm(width // 8)
-        self.width = width
+        self.width = self.digest_size = width      # (digest_size: the name the pool's index calls use)
         self.words = width // 8
         self.keys = np.zeros((0, self.words), np.uint64)
         # The flags live in a bytearray that ``has`` views: the compiled loops read and write the
@@ -210,9 +210,6 @@ class FlatIndex:
         self.hashes = BlockHashes(self)
         self.mapping = KeyMap(self)
 
-    @property
-    def digest_size(self) -> int:
-        return self.width
 
     # -- sizes ---------------------------------------------------------------
     def ensure_blocks(self, n: int) -> None:
@@ -527,8 +524,8 @@ class FlatIndex:
 
     def enter_many(self, keys: np.ndarray, hashes: Sequence[Hashable], blocks: Sequence[int]) -> list[int]:
         """``setdefault`` of ``prepare(hashes)`` and ``blocks``, paired as zip pairs them."""
-        if len(blocks) == 1 and keys.shape[0]:
-            return [self.setdefault_one(keys[:1], blocks[0])]       # a decode step's one new full block
+        if len(blocks) == 1 and keys.shape[0]:      # a decode step's one new full block: no arrays of one
+            return [self.setdefault_one(keys if keys.shape[0] == 1 else keys[:1], blocks[0])]
         return self.insert_array(keys, as_block_array(blocks)).tolist()
 
     def insert(self, h: Hashable, block: int) -> None:
