@@ -6,7 +6,7 @@ each of which keeps both directions in step; batch calls take a whole run, so an
 probes are compiled (``prefixkv.flat``) pays one call per batch, not one per block.
 
 Reads: ``get(h)``, ``hashes[block]`` (None: holds no hash), ``mapping`` (read-only), ``len``,
-``held(block)``, ``count_held(blocks)``, ``held_flags()`` (a per-block sequence and its value for
+``held(block)``, ``count_held(blocks)`` / ``count_unheld``, ``held_flags()`` (a per-block sequence and its value for
 "no hash", compared by identity: the release loop's test), ``primaries()``, ``hashes_of(blocks)``,
 ``run(hashes, start, limit)`` / ``run_array`` (the leading run of hits), ``holds_none(hashes)``,
 ``probe_keys`` / ``run_outside`` / ``key_tags`` (a prompt's keys prepared once, probed often).
@@ -89,7 +89,10 @@ class DictIndex:
         return self.hashes[block] is not None
 
     def count_held(self, blocks: Sequence[int]) -> int:
-        return len(blocks) - gather(self.hashes, blocks).count(None)
+        return len(blocks) - self.count_unheld(blocks)
+
+    def count_unheld(self, blocks: Sequence[int]) -> int:
+        return gather(self.hashes, blocks).count(None)
 
     def held_flags(self) -> tuple[Sequence, None]:
         return self.hashes, None

@@ -78,6 +78,13 @@ class BlockPool:
         self.block_hash: Sequence[Hashable | None] = index.hashes   # primaries only; read-only here
         self.cached_map = index.mapping                 # hash -> primary block; read-only to callers
         self.lookup = index.get                         # lookup(hash) -> primary block or None
+        # The index answers these itself: bound once (the methods below say what they do), so the
+        # hot paths make one call, not two.
+        self.leading_hits = index.run
+        self.leading_run = index.run_array
+        self.holds_none = index.holds_none
+        self.is_cached = index.held
+        self._uncached_among = index.count_unheld
         # parent hash and index in its prefix chain: kept only while ``keep_chain`` (else empty)
         self.parent_hash: list[Hashable | None] = []
         self.depth: list[int] = []
@@ -253,8 +260,8 @@ class BlockPool:
 
     def allocate_run(self, n: int, num_tokens: int | None = None) -> Sequence[int]:
         """``allocate``, as the fused batches hand blocks out (an int64 array) where they serve."""
-        fused = self._fused_for(n)
-        if fused is None or self._duplicates:
+        fused = self._fused_for(n) if self._fused is not None else None
+        if fused is None:
             return self._allocate(n, num_tokens)
         return fused.allocate(n, num_tokens)
 
@@ -298,22 +305,24 @@ class BlockPool:
 
     def _uncached_among(self, blocks: Sequence[int]) -> int:
         """How many of ``blocks`` hold no hash."""
-        return len(blocks) - self.index.count_held(blocks)
+        return self.index.count_unheld(blocks)
 
     # -- actions -------------------------------------------------------------
     def acquire_hits(self, blocks: Iterable[int], *, distinct: bool = False) -> None:
         """Take one more reference on each cache-hit block (pins evictable ones). ``distinct``:
         the caller knows no block is listed twice (a prefix match's blocks)."""
-        blocks = _materialised(blocks)
-        fused = self._fused_for(len(blocks))
-        if fused is not None and fused.acquire(blocks):
-            return
-        blocks = _block_list(blocks)
+        if self._fused is not None:
+            blocks = _materialised(blocks)
+            fused = self._fused_for(len(blocks))
+            if fused is not None and fused.acquire(blocks):
+                return
+            blocks = _block_list(blocks)
         ref = self.ref_count
         on_hit = self.policy.on_hit
         reused = self._reused
         hit_batch = self._hit_batch
         if hit_batch is not None:
+            blocks = list(blocks)
             if len(blocks) > 1 and gather(ref, blocks).count(0) == len(blocks) and \
                     (distinct or len(set(blocks)) == len(blocks)):
                 # every block was evictable, each once: on_hit(b, True) for each, in one call
@@ -350,12 +359,13 @@ class BlockPool:
         every block was evictable, each listed once (``distinct``: the caller knows no block is
         listed twice). ``tags``: ``key_tags`` of the keys the blocks were found by, if the caller
         has them."""
-        blocks = _materialised(blocks)
-        fused = self._fused_for(len(blocks))
-        if fused is not None and fused.take(blocks, tags):
-            self.forgotten += len(blocks)
-            return
-        blocks = _block_list(blocks)
+        if self._fused is not None:
+            blocks = _materialised(blocks)
+            fused = self._fused_for(len(blocks))
+            if fused is not None and fused.take(blocks, tags):
+                self.forgotten += len(blocks)
+                return
+            blocks = _block_list(blocks)
         ref = self.ref_count
         counts = gather(ref, blocks)
         if (self._hit_batch is not None and len(blocks) > 1 and counts.count(0) == len(blocks)
@@ -429,6 +439,8 @@ class BlockPool:
 
         Raises OutOfBlocks (changing nothing) if fewer than ``n`` can be freed.
         """
+        if self._fused is None:
+            return self._allocate(n, num_tokens)
         return _block_list(self.allocate_run(n, num_tokens))
 
     def _allocate(self, n: int, num_tokens: int | None) -> list[int]:
@@ -663,14 +675,14 @@ class BlockPool:
         tells the hashes already cached, which become duplicates) when there are no events to
         report, nothing to verify and no per-block ``on_cached`` (which may look at the hash map).
         A hash the index cannot key raises before the first is entered."""
-        fused = self._fused_for(len(blocks), publishes=True)
-        if fused is not None:
-            duplicates = fused.publish(blocks, hashes)
-            for block, h in duplicates:     # already cached: duplicates of their primaries
-                self._duplicate_hash[block] = h
-                self._duplicates.setdefault(h, []).append(block)
-            return
-        blocks = _block_list(blocks)
+        if self._fused is not None:
+            fused = self._fused_for(len(blocks), publishes=True)
+            if fused is not None:
+                for block, h in fused.publish(blocks, hashes):     # already cached: duplicates of their primaries
+                    self._duplicate_hash[block] = h
+                    self._duplicates.setdefault(h, []).append(block)
+                return
+            blocks = _block_list(blocks)
         on_cached = self._on_cached
         if self.verify or self.events is not None or (on_cached is not None and self._cached_batch is None):
             self.index.check_keys(hashes[:len(blocks)])

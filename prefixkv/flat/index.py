@@ -294,6 +294,9 @@ class FlatIndex:
     def count_held(self, blocks: Sequence[int]) -> int:
         return int(kernels.count_held(self.has, as_block_array(blocks)))
 
+    def count_unheld(self, blocks: Sequence[int]) -> int:
+        return len(blocks) - self.count_held(blocks)
+
     # -- the map -------------------------------------------------------------
     def get(self, h, default=None):
         try:

@@ -16,7 +16,7 @@ from prefixkv.policies import LRUPolicy  # noqa: E402
 from prefixkv.pool import BlockPool  # noqa: E402
 
 # The calls BlockPool makes of its index (prefixkv/index.py's docstring lists them).
-PROTOCOL = ["get", "held", "count_held", "held_flags", "primaries", "hashes_of", "run", "run_array",
+PROTOCOL = ["get", "held", "count_held", "count_unheld", "held_flags", "primaries", "hashes_of", "run", "run_array",
             "holds_none", "probe_keys", "run_outside", "key_tags", "prepare", "check_keys", "enter_many",
             "insert", "remove", "take_blocks", "take_blocks_checked", "ensure_blocks", "clear",
             "block_storage", "__len__"]
