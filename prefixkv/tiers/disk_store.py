@@ -26,8 +26,10 @@ API contract:
   ``contents[j]``. It stops at the first absent file (``"miss"``), unreadable one
   (``"error"``) or refused value (its ``Reject``: counted, the file deleted in the
   background if it is still the one read). Payloads are memoryviews into the bytes read.
-  The next ``read_ahead`` files are opened and their reads started while one is verified
-  (``disk_reader``).
+  Each file is one ``open`` and one ``read`` of the size the index knows + 1 (no ``fstat``
+  unless a value is refused or the index does not know the size). Where the page cache is
+  cold (sampled with ``RWF_NOWAIT``), the next ``read_ahead`` files are opened and their
+  reads started while one is verified (``disk_reader``; ``stats().read_ahead_fetches``).
   Synchronous; it never takes the namespace's lock, so it never waits for another process.
 * ``put(chain, start, payloads, contents=None) -> int`` /
   ``set_many(keys, payloads, parent=None, contents=None) -> int``: check everything,
@@ -106,7 +108,7 @@ class DiskStoreConfig:
     queue_blocks: int = 4096
     queue_bytes: int = 256 * 2**20
     batch_blocks: int = 64               # blocks per writer round (one folder sync per round with "file+dir")
-    read_ahead: int = 16                 # files a fetch keeps open ahead, their reads started (disk_reader)
+    read_ahead: int = 16                 # files a fetch keeps open ahead on a cold page cache (disk_reader)
     stale_temp_s: float = 60.0           # a live pid's temporary file older than this is a leftover
     join_timeout_s: float = 5.0
 
@@ -136,6 +138,7 @@ class DiskStoreStats:
     bad_keys_deleted: int = 0         # refused files deleted
     deletes_dropped: int = 0          # refused files not deleted: too many pending, or the disk refused
     read_errors: int = 0              # files that could not be read (other than absent)
+    read_ahead_fetches: int = 0       # fetches that found the page cache cold and read ahead (disk_reader)
     learned: int = 0                  # blocks another process wrote, found by a stat on a miss
     vanished: int = 0                 # blocks the index listed whose file was gone (another process evicted)
     puts: int = 0                     # blocks offered to put()
@@ -179,7 +182,7 @@ class Fetched:
 
 
 _FG_COUNTERS = ("probes", "probe_blocks", "fetches", "blocks_loaded", "bytes_loaded", "fetch_misses",
-                "read_errors", "learned", "vanished", "puts")
+                "read_errors", "read_ahead_fetches", "learned", "vanished", "puts")
 
 
 class DiskBlockStore:
@@ -331,34 +334,31 @@ class DiskBlockStore:
 
     def _read_run(self, keys: Sequence[bytes], parent: bytes, contents) -> Fetched:
         self._count["fetches"] += 1
-        out = Fetched([])
-        payloads, index = out.payloads, self.index
-        used = []            # (hash, bytes) of the blocks served: one index update for the run
-        paths = [self.layout.block_path(key) for key in keys]
-        parents = [parent, *keys[:-1]]
-        for j, (result, identity) in enumerate(load(paths, keys, parents, contents, self.fingerprint,
-                                                    self.config.read_ahead)):
-            if isinstance(result, memoryview):
-                payloads.append(result)
-                used.append((keys[j], identity[1]))
-                continue
-            key = keys[j]
-            out.stop = result
-            if result == "miss":
+        index = self.index
+        # One pass over the keys for paths, one lock for the sizes the reader reads without an fstat.
+        paths = self.layout.block_paths(keys)
+        payloads, sizes, stop, identity, read_ahead = load(paths, index.sizes(keys), keys, [parent, *keys[:-1]],
+                                                           contents, self.fingerprint, self.config.read_ahead)
+        if read_ahead:
+            self._count["read_ahead_fetches"] += 1
+        n = len(payloads)
+        if stop is not None:
+            key = keys[n]
+            if stop == "miss":
                 self._count["fetch_misses"] += 1
                 if index.forget(key):
                     self._count["vanished"] += 1
-            elif result == "error":
+            elif stop == "error":
                 self._count["read_errors"] += 1
             else:
-                self._rejected[result.value] = self._rejected.get(result.value, 0) + 1
+                self._rejected[stop.value] = self._rejected.get(stop.value, 0) + 1
                 index.forget(key)
-                self.writer.delete(key, identity)     # in the background, only if still this file
-            break
-        index.touch_many(used)
-        self._count["blocks_loaded"] += len(payloads)
-        self._count["bytes_loaded"] += len(payloads) * self.fingerprint.block_bytes
-        return out
+                if identity is not None:
+                    self.writer.delete(key, identity)     # in the background, only if still this file
+        index.touch_many(keys[:n], sizes)     # the served blocks, most recent last: one index update
+        self._count["blocks_loaded"] += n
+        self._count["bytes_loaded"] += n * self.fingerprint.block_bytes
+        return Fetched(payloads, stop)
 
     # -- writes -----------------------------------------------------------------------------
     def put(self, chain: Sequence[bytes], start: int, payloads: Sequence, contents: Sequence[bytes] | None = None) -> int:
