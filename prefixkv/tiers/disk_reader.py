@@ -16,14 +16,13 @@ after it was opened is still read as the old one, whole.
 Read-ahead: on a warm page cache every syscall counts (on this VM ``posix_fadvise`` is ~3 us,
 ``fstat`` ~1.5 us, against ~26 us for the read itself), so the reader starts with one open
 file at a time and no advice. Every ``window``-th file it asks the kernel whether the file's
-last byte is cached (a 1-byte ``preadv`` with ``RWF_NOWAIT``: ``EAGAIN`` when it is not, and
-the kernel starts reading it in).
-Once one is not, it switches to reading ahead: up to ``window`` files open ahead, each advised
-``POSIX_FADV_WILLNEED``, so the disk reads the next files while the caller verifies this one;
-it asks again before advising each file and goes back to one file at a time after ``window``
-cached files in a row. Where ``RWF_NOWAIT`` is not supported (tmpfs, some network
+first byte is cached (a 1-byte ``preadv`` with ``RWF_NOWAIT``: ``EAGAIN`` when it is not, and
+the kernel starts reading it in). Once one is not, it switches to reading ahead: up to
+``window`` files open ahead, each advised ``POSIX_FADV_WILLNEED``, so the disk reads the next
+files while the caller verifies this one; it keeps asking every ``window``-th file and goes back
+to one file at a time when one is cached. Where ``RWF_NOWAIT`` is not supported (tmpfs, some network
 filesystems) it always reads ahead (nothing tells warm from cold there). ``window`` 1 never
-reads ahead. A file opened ahead stays readable if another process evicts it meanwhile (an
+reads ahead; ``assume_cold`` reads ahead throughout without asking. A file opened ahead stays readable if another process evicts it meanwhile (an
 open descriptor keeps the complete old file); one evicted before it is opened is a miss.
 Bounded: at most ``window`` + 1 descriptors are open at once, and ``close()`` (or the
 ``with`` block) closes them when a run stops early.
@@ -53,7 +52,8 @@ _NOWAIT = getattr(os, "RWF_NOWAIT", None)
 
 
 class RunReader:
-    def __init__(self, paths: Sequence[str], window: int, sizes: Sequence[int | None] | None = None) -> None:
+    def __init__(self, paths: Sequence[str], window: int, sizes: Sequence[int | None] | None = None,
+                 assume_cold: bool = False) -> None:
         self._paths = paths
         self._sizes = sizes
         self._window = window
@@ -61,18 +61,19 @@ class RunReader:
         self._next = 0                    # position of the next file to open
         self._fd = -1                     # the file last handed out (for identity()), closed at the next read
         self._advise = window > 1 and _WILLNEED is not None
-        self._probe = self._advise and _NOWAIT is not None
+        self._probe = self._advise and _NOWAIT is not None and not assume_cold
         self.reading_ahead = self._advise and not self._probe    # no way to ask: read ahead throughout
         self.read_ahead = self.reading_ahead  # whether this run read ahead at all (the store counts it)
-        self._cached_run = 0              # files found cached in a row while reading ahead
         self._byte = bytearray(1)
 
     # -- the page cache -----------------------------------------------------------------
     def _cached(self, fd: int, position: int) -> bool:
-        """Whether the file's last byte is in the page cache (False when that cannot be asked)."""
-        size = self._sizes[position] if self._sizes is not None else None
+        """Whether the file's first byte is in the page cache (False when that cannot be asked)."""
+        # The first byte, not the last: a probe that misses starts reading in where it asked, and
+        # from the start that is the read the advice and the read itself continue (cold fetches
+        # measured slower when the last byte was asked).
         try:
-            os.preadv(fd, [self._byte], max(0, (size or 1) - 1), _NOWAIT)
+            os.preadv(fd, [self._byte], 0, _NOWAIT)
         except BlockingIOError:
             return False
         except OSError:
@@ -82,13 +83,11 @@ class RunReader:
         return True
 
     def _advise_ahead(self, fd: int, position: int) -> None:
-        if self._probe:
-            if self._cached(fd, position):
-                self._cached_run += 1
-                if self._cached_run >= self._window:
-                    self.reading_ahead = False       # warm again: the files already open drain first
-                return
-            self._cached_run = 0
+        # Asked every window-th file only, as on the warm path: a probe before every advice made
+        # cold fetches measurably slower.
+        if self._probe and position % self._window == 0 and self._cached(fd, position):
+            self.reading_ahead = False       # warm again: the files already open drain first
+            return
         try:
             os.posix_fadvise(fd, 0, 0, _WILLNEED)
         except OSError:
@@ -134,7 +133,6 @@ class RunReader:
         self._fd = fd
         if self._probe and position % self._window == 0 and not self._cached(fd, position):
             self.reading_ahead = self.read_ahead = True     # gone cold: advise the files after this one
-            self._cached_run = 0
             self._fill()
         return _read_whole(fd, None if self._sizes is None else self._sizes[position])
 

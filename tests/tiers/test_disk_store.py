@@ -367,8 +367,8 @@ def test_a_file_evicted_while_open_ahead_is_still_read_whole_and_no_descriptor_l
         written(store, blocks)
         paths = [store.layout.block_path(h) for h in blocks.chain]
         before = _open_fds()
-        with RunReader(paths, 4) as reader:
-            reader.reading_ahead = True           # as on a cold page cache
+        with RunReader(paths, 4, assume_cold=True) as reader:
+            assert reader.reading_ahead           # as on a cold page cache
             first = reader.read()                 # opens files 0-3
             os.unlink(paths[2])                   # another process evicts file 2 meanwhile
             second, third = reader.read(), reader.read()
