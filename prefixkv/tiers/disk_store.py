@@ -37,8 +37,9 @@ API contract:
   (``disk_writer``: bounded queue, drops counted, never waits on the disk). Pass payload
   buffers nobody rewrites until they are written (``flush``).
 * ``flush(timeout_s=10.0) -> bool``; ``stats() -> DiskStoreStats``; ``capacity_blocks()``;
-  ``clear(fingerprint_hex=None) -> int`` (files deleted, every namespace under ``path``
-  or one); ``close()``. After ``close()`` every call but ``stats`` and ``flush`` raises
+  ``clear(fingerprint_hex=None) -> int`` (block files deleted, every namespace under ``path``
+  or one, under each namespace's lock; other files are left: ``disk_admin``); ``close()``.
+  Opening records ``capacity_bytes`` beside the ledger for operators (``prefixkv tier stats``). After ``close()`` every call but ``stats`` and ``flush`` raises
   ``StoreClosed``.
 
 Guarantees:
@@ -77,7 +78,6 @@ Threads: one caller thread at a time for probe/fetch/put, plus the writer thread
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -87,6 +87,7 @@ from ..checks import integer, seconds
 from ..errors import InvalidArgument, PrefixKVError
 from ..hashing import BlockHasher
 from .block_codec import header_size
+from .disk_admin import clear_namespace, is_namespace
 from .disk_index import BlockIndex
 from .disk_layout import Layout, Ledger, drop_reason, scan
 from .disk_reader import load
@@ -228,6 +229,7 @@ class DiskBlockStore:
             found = scan(self.layout, config.stale_temp_s)
             self.index.merge(found.blocks)
             ledger.used = found.total_bytes
+            ledger.write_capacity(capacity_bytes)
         self.open_s = time.perf_counter() - t0
         self.unknown_files = found.unknown_files
         if found.leftover_temps:
@@ -427,29 +429,26 @@ class DiskBlockStore:
         return self.capacity_bytes // self.value_bytes
 
     def clear(self, fingerprint_hex: str | None = None) -> int:
-        """Delete every namespace under ``path`` (all fingerprints), or one fingerprint's. Returns block
-        files deleted. Another process's store on a cleared namespace sees misses (its writes make
-        the folders again)."""
+        """Delete the block files of every namespace under ``path`` (all fingerprints), or of one
+        fingerprint's, each under its namespace's lock; files the store never writes, writes in
+        progress and the folders are left (``disk_admin.clear_namespace``). Returns block files
+        deleted. Another process's store on a cleared namespace sees misses."""
         self._check_open()
         if fingerprint_hex is not None and (not isinstance(fingerprint_hex, str) or len(fingerprint_hex) != 32
                                             or not set(fingerprint_hex) <= set("0123456789abcdef")):
             raise InvalidArgument("fingerprint_hex", f"expected 32 lower-case hex digits, got {fingerprint_hex!r}")
         self.flush()
-        names = [fingerprint_hex] if fingerprint_hex is not None else [
-            e.name for e in os.scandir(self.path) if e.is_dir(follow_symlinks=False) and len(e.name) == 32]
+        names = [fingerprint_hex] if fingerprint_hex is not None else [e.name for e in os.scandir(self.path)]
         deleted = 0
         for name in names:
             namespace = os.path.join(self.path, name)
-            if not os.path.isdir(namespace):
+            if not (name == self.fingerprint.hex and os.path.isdir(namespace) or is_namespace(self.path, name)):
                 continue
-            if name == self.fingerprint.hex:
-                with self.ledger.locked() as ledger:
-                    deleted += _delete_blocks(namespace)
-                    ledger.used = 0
+            # block files and dead writers' temporaries only, under each namespace's lock (disk_admin)
+            own = name == self.fingerprint.hex
+            deleted += clear_namespace(namespace, self.config.stale_temp_s, self.ledger if own else None).blocks
+            if own:
                 self.index.clear()
-                self.layout.forget_made()
-            else:
-                deleted += _delete_blocks(namespace)
         return deleted
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -467,16 +466,6 @@ class DiskBlockStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _delete_blocks(namespace: str) -> int:
-    """Remove a namespace's fan-out folders (block files and temporaries); the ledger file stays."""
-    deleted = 0
-    for entry in os.scandir(namespace):
-        if entry.is_dir(follow_symlinks=False) and len(entry.name) == 2:
-            deleted += sum(1 for name in os.listdir(entry.path) if name.endswith(".kv"))
-            shutil.rmtree(entry.path, ignore_errors=True)
-    return deleted
 
 
 def _shutdown(writer: DiskWriter, ledger: Ledger) -> None:
