@@ -19,13 +19,14 @@ file at a time and no advice. Every ``window``-th file it asks the kernel whethe
 first byte is cached (a 1-byte ``preadv`` with ``RWF_NOWAIT``: ``EAGAIN`` when it is not, and
 the kernel starts reading it in). Once one is not, it switches to reading ahead: up to
 ``window`` files open ahead, each advised ``POSIX_FADV_WILLNEED``, so the disk reads the next
-files while the caller verifies this one; it keeps asking every ``window``-th file and goes back
-to one file at a time when one is cached. Where ``RWF_NOWAIT`` is not supported (tmpfs, some network
-filesystems) it always reads ahead (nothing tells warm from cold there). ``window`` 1 never
-reads ahead; ``assume_cold`` reads ahead throughout without asking. A file opened ahead stays readable if another process evicts it meanwhile (an
-open descriptor keeps the complete old file); one evicted before it is opened is a miss.
-Bounded: at most ``window`` + 1 descriptors are open at once, and ``close()`` (or the
-``with`` block) closes them when a run stops early.
+files while the caller verifies this one; it keeps asking every ``window``-th file and goes
+back to one file at a time when one is cached. Where ``RWF_NOWAIT`` is not supported (tmpfs,
+some network filesystems) it always reads ahead (nothing tells warm from cold there).
+``window`` 1 never reads ahead; ``assume_cold`` reads ahead throughout without asking. A file
+opened ahead stays readable if another process evicts it meanwhile (an open descriptor keeps
+the complete old file); one evicted before it is opened is a miss. Bounded: at most ``window``
++ 1 descriptors are open at once, and ``close()`` (or the ``with`` block) closes them when a
+run stops early.
 
 ``load(paths, sizes, keys, parents, contents, fingerprint, window)`` reads and decodes
 consecutive blocks (``block_codec.decode`` against each block's hash, its parent and its
@@ -107,9 +108,9 @@ class RunReader:
             position = self._next
             self._next += 1
             fd = self._open(position)
+            ahead.append((position, fd))        # first: close() closes it whatever happens next
             if not isinstance(fd, str):
                 self._advise_ahead(fd, position)
-            ahead.append((position, fd))
 
     # -- reads ------------------------------------------------------------------------------
     def read(self):

@@ -39,8 +39,8 @@ API contract:
 * ``flush(timeout_s=10.0) -> bool``; ``stats() -> DiskStoreStats``; ``capacity_blocks()``;
   ``clear(fingerprint_hex=None) -> int`` (block files deleted, every namespace under ``path``
   or one, under each namespace's lock; other files are left: ``disk_admin``); ``close()``.
-  Opening records ``capacity_bytes`` beside the ledger for operators (``prefixkv tier stats``). After ``close()`` every call but ``stats`` and ``flush`` raises
-  ``StoreClosed``.
+  Opening records ``capacity_bytes`` beside the ledger for operators (``prefixkv tier stats``).
+  After ``close()`` every call but ``stats`` and ``flush`` raises ``StoreClosed``.
 
 Guarantees:
 
