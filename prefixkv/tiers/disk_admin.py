@@ -27,6 +27,7 @@ import stat
 import time
 from dataclasses import dataclass
 
+from ..checks import seconds
 from ..errors import InvalidArgument
 from ..hashing import HASH_ALGORITHMS
 from .disk_layout import BLOCK_SUFFIX, LEDGER_NAME, TEMP_SUFFIX, Ledger, temp_is_leftover
@@ -115,8 +116,15 @@ def _fanout_folders(namespace: str) -> list[os.DirEntry]:
     return [e for e in os.scandir(namespace) if _FANOUT.match(e.name) and e.is_dir(follow_symlinks=False)]
 
 
+def _checked_name(name):
+    if not isinstance(name, str) or not _NAMESPACE.match(name):
+        raise InvalidArgument("name", f"expected a fingerprint's 32 lower-case hex digits, got {name!r}")
+    return name
+
+
 def survey(root: str, name: str, stale_temp_s: float = STALE_TEMP_S) -> Survey:
-    namespace = os.path.join(root, name)
+    stale_temp_s = seconds("stale_temp_s", stale_temp_s)
+    namespace = os.path.join(root, _checked_name(name))
     blocks = total = leftover = live = unknown = 0
     now = time.time()
     try:
@@ -163,6 +171,9 @@ def _check_writable(root: str, namespace: str) -> None:
 def clear(root: str, name: str | None = None, stale_temp_s: float = STALE_TEMP_S) -> Cleared:
     """Delete the block files of every namespace under ``root``, or of namespace ``name`` only (none
     deleted where it does not exist); see the module docstring."""
+    stale_temp_s = seconds("stale_temp_s", stale_temp_s)
+    if name is not None:
+        _checked_name(name)
     names = namespaces(root)
     if name is not None:
         names = [n for n in names if n == name]
@@ -180,6 +191,7 @@ def clear_namespace(namespace: str, stale_temp_s: float = STALE_TEMP_S, ledger: 
     the ledger to the bytes left. ``ledger``: a running store's own (``DiskBlockStore.clear``), used
     instead of a second descriptor on the same file; otherwise one is opened (a namespace whose
     ledger cannot be opened is cleared without the lock, as far as permissions allow)."""
+    stale_temp_s = seconds("stale_temp_s", stale_temp_s)
     held = ledger if ledger is not None else Ledger(namespace)
     try:
         with held.locked() as locked:

@@ -22,6 +22,7 @@ import pytest
 from redis_fixtures import Blocks
 
 from prefixkv.cli import main
+from prefixkv.errors import InvalidArgument
 from prefixkv.tiers import disk_admin
 from prefixkv.tiers.cli import disk_path
 from prefixkv.tiers.disk_store import DiskBlockStore, DiskStoreConfig
@@ -231,3 +232,15 @@ def test_the_stores_own_clear_leaves_files_it_never_wrote(store_dir):
         assert store.clear() == 10
         assert extra["note"].exists() and extra["live"].exists() and extra["link"].is_symlink()
         assert store.stats().used_bytes == 0
+
+
+def test_the_operator_calls_refuse_bad_arguments_before_touching_anything(store_dir):
+    root, *_ = store_dir
+    for call in (lambda: disk_admin.survey(str(root), FP.hex, stale_temp_s=-1),
+                 lambda: disk_admin.clear(str(root), stale_temp_s=float("nan")),
+                 lambda: disk_admin.clear(str(root), "Z" * 32),
+                 lambda: disk_admin.survey(str(root), "../" + FP.hex)):
+        with pytest.raises(InvalidArgument) as info:
+            call()
+        assert info.value.argument in ("stale_temp_s", "name")
+    assert len(block_files(root, FP)) == 6 and len(block_files(root, OTHER_FP)) == 4
