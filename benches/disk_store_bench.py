@@ -16,9 +16,15 @@ Prints medians of:
   checks), both holding every value as a tier would (target: store >= 80% of raw). Warm: the page
   cache holds the files. Cold: every file's pages dropped (``posix_fadvise(DONTNEED)``) before
   each timed run, for both readers (``/proc/sys/vm/drop_caches`` needs more than root in a
-  container). The store reads ``read_ahead`` (16) files ahead with ``POSIX_FADV_WILLNEED``; the raw
-  loop does not; the store's figure without it (``read_ahead=1``) is printed beside. Runs alternate raw / store so that other load falls on both alike. Also the copy
-  into host blocks (one preallocated array) after the verified fetch.
+  container). The raw loop makes the store's own syscalls per file (open with the same flags, one
+  ``read`` of the file's size + 1, close); "raw + decode" adds ``block_codec.decode`` of each
+  value (the floor of a verified read on one thread), so the store's time above it is its own
+  bookkeeping. Where the page cache is cold the store reads ``read_ahead`` (16) files ahead with
+  ``POSIX_FADV_WILLNEED`` (the raw loop does not; the line "store without read-ahead",
+  ``read_ahead=1``, is printed beside); the count of fetches that did is printed. Runs rotate
+  raw / raw + decode / store / store without read-ahead so that other load falls on all alike;
+  each line gives the median, [min-max] and the median of the paired raw/x ratios. Also the
+  copy into host blocks (one preallocated array) after the verified fetch.
 * open: rebuilding the index of a directory of N tiny blocks (names + stat, no reads), per N:
   the target is <= 1 s at 100,000. The inode cache is warm (the files were just written).
 * put: the caller's cost of ``put`` (what a step pays) per block, one block per call and 64 per
@@ -43,6 +49,8 @@ import numpy as np  # noqa: E402
 
 from redis_fixtures import Blocks  # noqa: E402
 
+from prefixkv.tiers.block_codec import decode  # noqa: E402
+from prefixkv.tiers.disk_reader import READ_FLAGS  # noqa: E402
 from prefixkv.tiers.disk_store import DiskBlockStore, DiskStoreConfig  # noqa: E402
 from prefixkv.tiers.fingerprint import Fingerprint, weights_digest  # noqa: E402
 
@@ -84,14 +92,32 @@ def bench_fetch(root: str, fp: Fingerprint, n: int, repeat: int) -> dict:
         total = sum(sizes)
         host = np.empty((n, fp.block_bytes), dtype=np.uint8)
 
+        parents = [blocks.root, *blocks.chain[:-1]]
+
         def raw():
+            # The store's own syscalls for a block (same flags, one read of the known size + 1 into a
+            # fresh bytes, close) and nothing else: no checks, no bookkeeping.
             held = []
             for path, size in zip(paths, sizes):
-                fd = os.open(path, os.O_RDONLY)
+                fd = os.open(path, READ_FLAGS)
                 try:
-                    held.append(os.read(fd, size))
+                    held.append(os.read(fd, size + 1))
                 finally:
                     os.close(fd)
+            assert len(held) == n
+
+        def raw_decode():
+            # raw + block_codec.decode of each value: the floor of a verified read on one thread; the
+            # store's time above it is its own bookkeeping, this line's above raw is verification.
+            held = []
+            contents, chain = blocks.contents, blocks.chain
+            for j, (path, size) in enumerate(zip(paths, sizes)):
+                fd = os.open(path, READ_FLAGS)
+                try:
+                    value = os.read(fd, size + 1)
+                finally:
+                    os.close(fd)
+                held.append(decode(value, fp, chain[j], parents[j], contents[j]))
             assert len(held) == n
 
         no_read_ahead = DiskBlockStore(root, fp, capacity, DiskStoreConfig(fsync="none", read_ahead=1))
@@ -112,20 +138,27 @@ def bench_fetch(root: str, fp: Fingerprint, n: int, repeat: int) -> dict:
         for _ in range(2):          # malloc settles (fresh pages vs reused ones) before anything is timed
             raw()
             verified()
+        for path in paths:          # written back, so that DONTNEED can drop the pages for the cold runs
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         out = {"blocks": n, "block_bytes": fp.block_bytes, "file_bytes": total, "write_s": write_s}
+        runs = {"raw": raw, "raw_decode": raw_decode, "store": verified, "plain": verified_no_read_ahead}
         for name, before in (("warm", None), ("cold", lambda: drop_pages(paths))):
-            # interleaved, so load from other processes on the machine falls on both readers alike
-            raw_t, store_t, plain_t = [], [], []
+            # interleaved, so load from other processes on the machine falls on every reader alike
+            times = {key: [] for key in runs}
+            ahead_before = getattr(store.stats(), "read_ahead_fetches", 0)
             for _ in range(repeat):
-                raw_t.append(median_s(raw, 1, before))
-                store_t.append(median_s(verified, 1, before))
-                plain_t.append(median_s(verified_no_read_ahead, 1, before))
-            raw_s, store_s = statistics.median(raw_t), statistics.median(store_t)
-            plain_s = statistics.median(plain_t)
-            out[name] = {"raw_s": raw_s, "store_s": store_s, "ratio": raw_s / store_s,
-                         "plain_s": plain_s, "plain_ratio": raw_s / plain_s,
-                         "pair_ratio": statistics.median(r / v for r, v in zip(raw_t, store_t)),
-                         "raw_gib_s": total / raw_s / 2**30, "store_gib_s": total / store_s / 2**30}
+                for key, fn in runs.items():
+                    times[key].append(median_s(fn, 1, before))
+            raw_s = statistics.median(times["raw"])
+            out[name] = {key: {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t),
+                               "ratio": raw_s / statistics.median(t),
+                               "pair_ratio": statistics.median(r / v for r, v in zip(times["raw"], t))}
+                         for key, t in times.items()}
+            out[name]["read_ahead_fetches"] = getattr(store.stats(), "read_ahead_fetches", 0) - ahead_before
         out["warm"]["into_host_s"] = median_s(verified_into_host, repeat)
         no_read_ahead.close()
         return out
@@ -194,12 +227,16 @@ def main(argv=None) -> None:
         shutil.rmtree(os.path.join(root, "fetch"))
         print(f"fetch of {fetch['blocks']} blocks x {fetch['block_bytes']} B ({fetch['file_bytes'] / 2**20:.0f} MiB "
               f"of files; written in {fetch['write_s']:.2f} s with fsync=none), medians of {args.repeat}:")
+        labels = {"raw": "raw read", "raw_decode": "raw read + decode", "store": "verified store",
+                  "plain": "store without read-ahead"}
         for name in ("warm", "cold"):
             f = fetch[name]
-            print(f"  {name}: raw {f['raw_s'] * 1e3:.1f} ms ({f['raw_gib_s']:.2f} GiB/s), verified store "
-                  f"{f['store_s'] * 1e3:.1f} ms ({f['store_gib_s']:.2f} GiB/s): {100 * f['ratio']:.0f}% of raw "
-                  f"(median of paired runs {100 * f['pair_ratio']:.0f}%); without read-ahead "
-                  f"{f['plain_s'] * 1e3:.1f} ms: {100 * f['plain_ratio']:.0f}% of raw")
+            print(f"  {name} (store fetches that read ahead: {f['read_ahead_fetches']} of {args.repeat}):")
+            for key, label in labels.items():
+                r = f[key]
+                print(f"    {label:26s} {r['median_s'] * 1e3:7.1f} ms [{r['min_s'] * 1e3:.1f}-{r['max_s'] * 1e3:.1f}] "
+                      f"{fetch['file_bytes'] / r['median_s'] / 2**30:5.2f} GiB/s  {100 * r['ratio']:4.0f}% of raw "
+                      f"(paired runs {100 * r['pair_ratio']:.0f}%)")
         print(f"  warm, verified + copy into host blocks: {fetch['warm']['into_host_s'] * 1e3:.1f} ms")
         counts = [int(c) for c in args.open.split(",") if c]
         opens = bench_open(root, counts, max(3, args.repeat // 2))

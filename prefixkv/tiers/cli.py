@@ -1,10 +1,16 @@
-"""``prefixkv tier``: operator commands for a remote tier's store (extra ``[redis]``).
+"""``prefixkv tier``: operator commands for a lower tier's store: a Redis server (extra ``[redis]``)
+or a disk store directory (``disk_store``).
 
 * ``prefixkv tier stats URL [--json]``: per master node, memory used and its limit, the
   eviction policy, evicted keys, keys, keyspace hits and misses.
 * ``prefixkv tier clear URL [--fingerprint F] [--prefix P]``: delete every prefixkv block under
   the prefix (all models), or only one fingerprint's (32 hex digits, as ``tier stats`` of a
   running engine's ``RemoteTier.stats()["fingerprint"]`` shows).
+* ``prefixkv tier stats PATH [--json]`` / ``prefixkv tier clear PATH [--fingerprint F]``, where
+  PATH is ``disk:///abs/path``, ``disk://relative/path`` or a plain directory path (anything
+  without ``://``): per fingerprint namespace, block files, bytes, the ledger's count, the
+  capacity the last store opened with, leftover temporary files; clear deletes block files only,
+  under each namespace's lock (``disk_admin``). Nothing is written by ``stats``.
 
 Wire it with ``add_tier_command(subparsers)`` in ``prefixkv.cli.build_parser``; nothing beyond
 the core is imported until a command runs.
@@ -15,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
+import sys
 
 _FINGERPRINT = re.compile(r"^[0-9a-f]{32}$")
 # Longer than any server answers a ping; past ~1e9 s the socket and thread waits overflow.
@@ -55,24 +63,57 @@ def _key_prefix(text: str) -> str:
     return text
 
 
+DISK_SCHEME = "disk://"
+_TARGET_HELP = ("a Redis URL (redis://host:port/db, unix:///path.sock, redis+cluster://host:port[,host:port...]) "
+                "or a disk store directory: disk:///abs/path, disk://relative/path, or a plain path (anything "
+                "without '://')")
+
+
+def disk_path(target: str) -> str | None:
+    """The directory a ``tier`` target names, or None for a Redis URL (see the module docstring)."""
+    from ..errors import InvalidArgument
+
+    if target.startswith(DISK_SCHEME):
+        path = target[len(DISK_SCHEME):]
+        if not path:
+            raise InvalidArgument("url", f"{target!r} names no directory: disk:///abs/path or disk://relative/path")
+        return path
+    if "://" in target:
+        return None
+    if not target:
+        raise InvalidArgument("url", f"expected {_TARGET_HELP}, got ''")
+    return target
+
+
 def add_tier_command(subparsers) -> None:
-    p = subparsers.add_parser("tier", help="inspect or clear a remote tier's Redis store",
-                              description="Operator commands for the Redis (or Redis Cluster) store under a "
-                                          "remote tier. URLs: redis://host:port/db, unix:///path.sock, "
-                                          "redis+cluster://host:port[,host:port...].")
+    p = subparsers.add_parser("tier", help="inspect or clear a lower tier's store (Redis, or a disk directory)",
+                              description="Operator commands for the store under a lower tier: a Redis (or Redis "
+                                          "Cluster) server, or a disk store directory. The store is "
+                                          f"{_TARGET_HELP}.")
     sub = p.add_subparsers(dest="tier_command", required=True, metavar="{stats,clear}")
-    s = sub.add_parser("stats", help="memory, limit, eviction policy, evictions, keys, hits per node")
-    s.add_argument("url")
+    s = sub.add_parser("stats", help="Redis: memory, limit, eviction policy, evictions, keys, hits per node; "
+                                     "disk: blocks, bytes, capacity, leftover temporary files per fingerprint")
+    s.add_argument("url", metavar="URL|PATH", help=f"the store: {_TARGET_HELP}")
     s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.add_argument("--timeout", type=_timeout, default=1.0, help="connect and socket timeout in seconds (default 1)")
+    s.add_argument("--timeout", type=_timeout, default=None,
+                   help="Redis only: connect and socket timeout in seconds (default 1)")
     s.set_defaults(func=cmd_tier_stats)
     c = sub.add_parser("clear", help="delete prefixkv blocks (all, or one fingerprint's)")
-    c.add_argument("url")
+    c.add_argument("url", metavar="URL|PATH", help=f"the store: {_TARGET_HELP}")
     c.add_argument("--fingerprint", type=_fingerprint_hex, default=None,
                    help="only this fingerprint's blocks (32 hex digits); default: every prefixkv block")
-    c.add_argument("--prefix", type=_key_prefix, default=None, help="key prefix (default pkv)")
-    c.add_argument("--timeout", type=_timeout, default=1.0, help="connect and socket timeout in seconds (default 1)")
+    c.add_argument("--prefix", type=_key_prefix, default=None, help="Redis only: key prefix (default pkv)")
+    c.add_argument("--timeout", type=_timeout, default=None,
+                   help="Redis only: connect and socket timeout in seconds (default 1)")
     c.set_defaults(func=cmd_tier_clear)
+
+
+def _redis_only(args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """Options of the Redis form mean nothing for a disk store: refused rather than ignored."""
+    given = [f"--{name}" for name in names if getattr(args, name, None) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to a Redis URL, "
+                         f"not to a disk store ({args.url})")
 
 
 def _operator_store(url: str, timeout: float, prefix: str | None = None):
@@ -87,6 +128,7 @@ def _operator_store(url: str, timeout: float, prefix: str | None = None):
         if (exc.name or "").partition(".")[0] != "redis":
             raise
         raise ValueError("prefixkv tier needs redis-py, which is not installed: pip install 'prefixkv[redis]'") from None
+    timeout = 1.0 if timeout is None else timeout
     if not 0 < timeout <= MAX_TIMEOUT_S:
         raise ValueError(f"--timeout must be above 0 and at most {MAX_TIMEOUT_S:g} seconds, got {timeout}")
     placeholder = Fingerprint(b"prefixkv-operator", "float16", 1, 1, 1, 1, hash_seed=0)
@@ -95,6 +137,10 @@ def _operator_store(url: str, timeout: float, prefix: str | None = None):
 
 
 def cmd_tier_stats(args: argparse.Namespace) -> int:
+    path = disk_path(args.url)
+    if path is not None:
+        _redis_only(args, ("timeout",))
+        return _disk_stats(path, args.json)
     with _operator_store(args.url, args.timeout) as store:
         nodes = store.server_stats()
     url = shown_url(args.url)
@@ -116,8 +162,62 @@ def cmd_tier_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_tier_clear(args: argparse.Namespace) -> int:
+    path = disk_path(args.url)
+    if path is not None:
+        _redis_only(args, ("prefix", "timeout"))
+        return _disk_clear(path, args.fingerprint)
     with _operator_store(args.url, args.timeout, args.prefix) as store:
         deleted = store.clear(args.fingerprint)
     which = f"fingerprint {args.fingerprint}" if args.fingerprint else "every fingerprint"
     print(f"prefixkv tier clear: deleted {deleted:,} block(s) of {which} at {shown_url(args.url)}")
+    return 0
+
+
+def _mib(n: int) -> str:
+    """Bytes in binary units, as ``plan`` writes them (``--json`` has the exact count)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,} B"
+
+
+def _disk_stats(path: str, as_json: bool) -> int:
+    from .disk_admin import namespaces, survey      # checked first: a wrong path is one line, exit 2
+
+    shown = os.path.abspath(path)
+    found = [survey(path, name) for name in namespaces(path)]
+    if as_json:
+        print(json.dumps({"store": "disk", "path": shown, "namespaces": [f.as_dict() for f in found]}))
+        return 0
+    print(f"prefixkv tier stats: disk store {shown} ({len(found)} fingerprint{'s' if len(found) != 1 else ''})")
+    for f in found:
+        capacity = (f"of {_mib(f.capacity_bytes)} (the capacity the last store opened with)"
+                    if f.capacity_bytes is not None else "(capacity not recorded)")
+        line = (f"  {f.fingerprint}: {f.blocks:,} blocks, {_mib(f.bytes)} used {capacity}, "
+                f"{f.leftover_temps:,} leftover temporary file{'s' if f.leftover_temps != 1 else ''}")
+        if f.live_temps:
+            line += f", {f.live_temps:,} write{'s' if f.live_temps != 1 else ''} in progress"
+        if f.unknown_files:
+            line += f", {f.unknown_files:,} other file{'s' if f.unknown_files != 1 else ''} (not the store's)"
+        print(line)
+        if f.ledger_bytes != f.bytes:
+            recorded = "missing" if f.ledger_bytes is None else _mib(f.ledger_bytes)
+            print(f"    note: the ledger records {recorded} (a process killed mid-update, or a write in flight); "
+                  f"the next open recounts it")
+    return 0
+
+
+def _disk_clear(path: str, fingerprint: str | None) -> int:
+    from .disk_admin import clear
+
+    cleared = clear(path, fingerprint)
+    which = f"fingerprint {fingerprint}" if fingerprint else "every fingerprint"
+    line = (f"prefixkv tier clear: deleted {cleared.blocks:,} block file(s) ({_mib(cleared.bytes)}) of {which} "
+            f"at disk store {os.path.abspath(path)}")
+    if cleared.leftover_temps:
+        line += f", and {cleared.leftover_temps:,} leftover temporary file(s)"
+    print(line)
+    if cleared.failed:
+        print(f"prefixkv tier clear: error: {cleared.failed:,} file(s) could not be deleted", file=sys.stderr)
+        return 1
     return 0

@@ -26,8 +26,10 @@ API contract:
   ``contents[j]``. It stops at the first absent file (``"miss"``), unreadable one
   (``"error"``) or refused value (its ``Reject``: counted, the file deleted in the
   background if it is still the one read). Payloads are memoryviews into the bytes read.
-  The next ``read_ahead`` files are opened and their reads started while one is verified
-  (``disk_reader``).
+  Each file is one ``open`` and one ``read`` of the size the index knows + 1 (no ``fstat``
+  unless a value is refused or the index does not know the size). Where the page cache is
+  cold (sampled with ``RWF_NOWAIT``), the next ``read_ahead`` files are opened and their
+  reads started while one is verified (``disk_reader``; ``stats().read_ahead_fetches``).
   Synchronous; it never takes the namespace's lock, so it never waits for another process.
 * ``put(chain, start, payloads, contents=None) -> int`` /
   ``set_many(keys, payloads, parent=None, contents=None) -> int``: check everything,
@@ -35,9 +37,10 @@ API contract:
   (``disk_writer``: bounded queue, drops counted, never waits on the disk). Pass payload
   buffers nobody rewrites until they are written (``flush``).
 * ``flush(timeout_s=10.0) -> bool``; ``stats() -> DiskStoreStats``; ``capacity_blocks()``;
-  ``clear(fingerprint_hex=None) -> int`` (files deleted, every namespace under ``path``
-  or one); ``close()``. After ``close()`` every call but ``stats`` and ``flush`` raises
-  ``StoreClosed``.
+  ``clear(fingerprint_hex=None) -> int`` (block files deleted, every namespace under ``path``
+  or one, under each namespace's lock; other files are left: ``disk_admin``); ``close()``.
+  Opening records ``capacity_bytes`` beside the ledger for operators (``prefixkv tier stats``).
+  After ``close()`` every call but ``stats`` and ``flush`` raises ``StoreClosed``.
 
 Guarantees:
 
@@ -75,7 +78,6 @@ Threads: one caller thread at a time for probe/fetch/put, plus the writer thread
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -85,6 +87,7 @@ from ..checks import integer, seconds
 from ..errors import InvalidArgument, PrefixKVError
 from ..hashing import BlockHasher
 from .block_codec import header_size
+from .disk_admin import clear_namespace, is_namespace
 from .disk_index import BlockIndex
 from .disk_layout import Layout, Ledger, drop_reason, scan
 from .disk_reader import load
@@ -106,7 +109,7 @@ class DiskStoreConfig:
     queue_blocks: int = 4096
     queue_bytes: int = 256 * 2**20
     batch_blocks: int = 64               # blocks per writer round (one folder sync per round with "file+dir")
-    read_ahead: int = 16                 # files a fetch keeps open ahead, their reads started (disk_reader)
+    read_ahead: int = 16                 # files a fetch keeps open ahead on a cold page cache (disk_reader)
     stale_temp_s: float = 60.0           # a live pid's temporary file older than this is a leftover
     join_timeout_s: float = 5.0
 
@@ -136,6 +139,7 @@ class DiskStoreStats:
     bad_keys_deleted: int = 0         # refused files deleted
     deletes_dropped: int = 0          # refused files not deleted: too many pending, or the disk refused
     read_errors: int = 0              # files that could not be read (other than absent)
+    read_ahead_fetches: int = 0       # fetches that found the page cache cold and read ahead (disk_reader)
     learned: int = 0                  # blocks another process wrote, found by a stat on a miss
     vanished: int = 0                 # blocks the index listed whose file was gone (another process evicted)
     puts: int = 0                     # blocks offered to put()
@@ -179,7 +183,7 @@ class Fetched:
 
 
 _FG_COUNTERS = ("probes", "probe_blocks", "fetches", "blocks_loaded", "bytes_loaded", "fetch_misses",
-                "read_errors", "learned", "vanished", "puts")
+                "read_errors", "read_ahead_fetches", "learned", "vanished", "puts")
 
 
 class DiskBlockStore:
@@ -225,6 +229,7 @@ class DiskBlockStore:
             found = scan(self.layout, config.stale_temp_s)
             self.index.merge(found.blocks)
             ledger.used = found.total_bytes
+            ledger.write_capacity(capacity_bytes)
         self.open_s = time.perf_counter() - t0
         self.unknown_files = found.unknown_files
         if found.leftover_temps:
@@ -331,34 +336,31 @@ class DiskBlockStore:
 
     def _read_run(self, keys: Sequence[bytes], parent: bytes, contents) -> Fetched:
         self._count["fetches"] += 1
-        out = Fetched([])
-        payloads, index = out.payloads, self.index
-        used = []            # (hash, bytes) of the blocks served: one index update for the run
-        paths = [self.layout.block_path(key) for key in keys]
-        parents = [parent, *keys[:-1]]
-        for j, (result, identity) in enumerate(load(paths, keys, parents, contents, self.fingerprint,
-                                                    self.config.read_ahead)):
-            if isinstance(result, memoryview):
-                payloads.append(result)
-                used.append((keys[j], identity[1]))
-                continue
-            key = keys[j]
-            out.stop = result
-            if result == "miss":
+        index = self.index
+        # One pass over the keys for paths, one lock for the sizes the reader reads without an fstat.
+        paths = self.layout.block_paths(keys)
+        payloads, sizes, stop, identity, read_ahead = load(paths, index.sizes(keys), keys, [parent, *keys[:-1]],
+                                                           contents, self.fingerprint, self.config.read_ahead)
+        if read_ahead:
+            self._count["read_ahead_fetches"] += 1
+        n = len(payloads)
+        if stop is not None:
+            key = keys[n]
+            if stop == "miss":
                 self._count["fetch_misses"] += 1
                 if index.forget(key):
                     self._count["vanished"] += 1
-            elif result == "error":
+            elif stop == "error":
                 self._count["read_errors"] += 1
             else:
-                self._rejected[result.value] = self._rejected.get(result.value, 0) + 1
+                self._rejected[stop.value] = self._rejected.get(stop.value, 0) + 1
                 index.forget(key)
-                self.writer.delete(key, identity)     # in the background, only if still this file
-            break
-        index.touch_many(used)
-        self._count["blocks_loaded"] += len(payloads)
-        self._count["bytes_loaded"] += len(payloads) * self.fingerprint.block_bytes
-        return out
+                if identity is not None:
+                    self.writer.delete(key, identity)     # in the background, only if still this file
+        index.touch_many(keys[:n], sizes)     # the served blocks, most recent last: one index update
+        self._count["blocks_loaded"] += n
+        self._count["bytes_loaded"] += n * self.fingerprint.block_bytes
+        return Fetched(payloads, stop)
 
     # -- writes -----------------------------------------------------------------------------
     def put(self, chain: Sequence[bytes], start: int, payloads: Sequence, contents: Sequence[bytes] | None = None) -> int:
@@ -427,29 +429,26 @@ class DiskBlockStore:
         return self.capacity_bytes // self.value_bytes
 
     def clear(self, fingerprint_hex: str | None = None) -> int:
-        """Delete every namespace under ``path`` (all fingerprints), or one fingerprint's. Returns block
-        files deleted. Another process's store on a cleared namespace sees misses (its writes make
-        the folders again)."""
+        """Delete the block files of every namespace under ``path`` (all fingerprints), or of one
+        fingerprint's, each under its namespace's lock; files the store never writes, writes in
+        progress and the folders are left (``disk_admin.clear_namespace``). Returns block files
+        deleted. Another process's store on a cleared namespace sees misses."""
         self._check_open()
         if fingerprint_hex is not None and (not isinstance(fingerprint_hex, str) or len(fingerprint_hex) != 32
                                             or not set(fingerprint_hex) <= set("0123456789abcdef")):
             raise InvalidArgument("fingerprint_hex", f"expected 32 lower-case hex digits, got {fingerprint_hex!r}")
         self.flush()
-        names = [fingerprint_hex] if fingerprint_hex is not None else [
-            e.name for e in os.scandir(self.path) if e.is_dir(follow_symlinks=False) and len(e.name) == 32]
+        names = [fingerprint_hex] if fingerprint_hex is not None else [e.name for e in os.scandir(self.path)]
         deleted = 0
         for name in names:
             namespace = os.path.join(self.path, name)
-            if not os.path.isdir(namespace):
+            if not (name == self.fingerprint.hex and os.path.isdir(namespace) or is_namespace(self.path, name)):
                 continue
-            if name == self.fingerprint.hex:
-                with self.ledger.locked() as ledger:
-                    deleted += _delete_blocks(namespace)
-                    ledger.used = 0
+            # block files and dead writers' temporaries only, under each namespace's lock (disk_admin)
+            own = name == self.fingerprint.hex
+            deleted += clear_namespace(namespace, self.config.stale_temp_s, self.ledger if own else None).blocks
+            if own:
                 self.index.clear()
-                self.layout.forget_made()
-            else:
-                deleted += _delete_blocks(namespace)
         return deleted
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -467,16 +466,6 @@ class DiskBlockStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _delete_blocks(namespace: str) -> int:
-    """Remove a namespace's fan-out folders (block files and temporaries); the ledger file stays."""
-    deleted = 0
-    for entry in os.scandir(namespace):
-        if entry.is_dir(follow_symlinks=False) and len(entry.name) == 2:
-            deleted += sum(1 for name in os.listdir(entry.path) if name.endswith(".kv"))
-            shutil.rmtree(entry.path, ignore_errors=True)
-    return deleted
 
 
 def _shutdown(writer: DiskWriter, ledger: Ledger) -> None:
