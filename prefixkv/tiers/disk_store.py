@@ -92,6 +92,7 @@ from .disk_index import BlockIndex
 from .disk_layout import Layout, Ledger, drop_reason, scan
 from .disk_reader import load
 from .disk_writer import FSYNC_POLICIES, DiskWriter, Pending
+from .fetched import Fetched
 from .fingerprint import Fingerprint, payload_view
 
 __all__ = ["DiskBlockStore", "DiskStoreConfig", "DiskStoreStats", "Fetched", "StoreClosed"]
@@ -164,22 +165,6 @@ class DiskStoreStats:
     queue_blocks: int = 0
     queue_bytes: int = 0
     delete_queue: int = 0
-
-
-@dataclass(slots=True)
-class Fetched:
-    """What a fetch loaded: verified payloads of consecutive blocks from the first asked for.
-
-    ``stop`` says why it ended early: None (all requested blocks), ``"miss"`` (absent),
-    ``"error"`` (unreadable), or the ``Reject`` of a refused value. Same shape as
-    ``redis_store.Fetched``."""
-
-    payloads: list
-    stop: object = None
-
-    @property
-    def count(self) -> int:
-        return len(self.payloads)
 
 
 _FG_COUNTERS = ("probes", "probe_blocks", "fetches", "blocks_loaded", "bytes_loaded", "fetch_misses",

@@ -65,8 +65,9 @@ from redis.exceptions import AskError, MovedError, NoScriptError
 
 from ..errors import InvalidArgument
 from ..hashing import BlockHasher
-from .block_codec import Reject, decode
 from ..checks import integer, seconds
+from .block_codec import Reject, decode
+from .fetched import Fetched
 from .fingerprint import Fingerprint, payload_view
 from .redis_keys import DEFAULT_PREFIX, GROUP_MAX_BLOCKS, GROUP_MAX_BYTES, KeySpace, check_prefix
 from .redis_net import (HIREDIS, NETWORK_ERRORS, Node, NodeDown, RemoteTierError, StoreClosed, Timeouts, Topology, explain,
@@ -150,22 +151,6 @@ class StoreStats:
     queue_blocks: int = 0
     queue_bytes: int = 0
     delete_queue: int = 0             # refused keys waiting for their UNLINK
-
-
-@dataclass(slots=True)
-class Fetched:
-    """What ``fetch`` loaded: verified payloads of blocks ``start .. start+len(payloads)-1``.
-
-    ``stop`` says why it ended early: None (all requested blocks), ``"miss"``
-    (absent), ``"error"`` (network, server or breaker), or the ``Reject`` of a
-    refused value."""
-
-    payloads: list
-    stop: object = None
-
-    @property
-    def count(self) -> int:
-        return len(self.payloads)
 
 
 # Counters the caller's thread keeps (the writer keeps its own: no counter has two writers).
