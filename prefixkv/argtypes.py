@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 
 from .checks import integer, real
-from .errors import InvalidArgument
 from .sizing import DTYPE_BYTES, parse_size
 
 
@@ -18,7 +17,7 @@ def _parsed(text: str, parse, check, expected: str):
     """``check(parse(text))``, or the ArgumentTypeError that says what was ``expected``."""
     try:
         return check(parse(text))
-    except (ValueError, InvalidArgument):
+    except ValueError:      # (InvalidArgument is one)
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
 
 

@@ -169,27 +169,27 @@ class DictIndex:
         return block
 
     def take_blocks(self, blocks: Sequence[int], want_hashes: bool = True) -> Sequence[Hashable]:
-        by_block, cached = self.hashes, self.map
-        hashes = gather(by_block, blocks)
-        if len(cached) > _MAP_OUTGROWS_CACHES and len(hashes) > 1:
+        hashes = gather(self.hashes, blocks)
+        if len(self.map) > _MAP_OUTGROWS_CACHES and len(hashes) > 1:
             # A map this big misses the caches at every victim: one lookup pass in C lets the
             # CPU overlap those misses, so the deletions below find their slots cached (1M blocks:
             # 25 -> 16 us per 128 victims; in-cache maps would only pay for the pass).
-            itemgetter(*hashes)(cached)
-        for block, h in zip(blocks, hashes):
-            del cached[h]
-            by_block[block] = None
+            itemgetter(*hashes)(self.map)
+        self._drop(blocks, hashes)
         return hashes
 
     def take_blocks_checked(self, blocks: Sequence[int], want_hashes: bool = True) -> Sequence[Hashable] | None:
         hashes = gather(self.hashes, blocks)
         if None in hashes or len(set(blocks)) != len(blocks):
             return None
+        self._drop(blocks, hashes)
+        return hashes
+
+    def _drop(self, blocks: Sequence[int], hashes: Sequence[Hashable]) -> None:
         cached, by_block = self.map, self.hashes
         for block, h in zip(blocks, hashes):
             del cached[h]
             by_block[block] = None
-        return hashes
 
     def clear(self) -> None:
         self.map.clear()

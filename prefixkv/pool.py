@@ -32,7 +32,7 @@ from .checks import integer
 from .errors import InvalidArgument, InvariantViolation, OutOfBlocks, PolicyError
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .hashing import ExtraKeys
-from .index import DictIndex, gather, leading  # noqa: F401  (gather, leading: also imported from here)
+from .index import DictIndex, gather
 
 
 def _materialised(blocks):
