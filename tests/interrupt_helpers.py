@@ -3,6 +3,8 @@ Hypothesis profile, and the consistency an interrupted engine must keep."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import signal
 import sys
@@ -51,6 +53,30 @@ class LineTrigger:
     def __exit__(self, *exc):
         sys.settrace(None)
         threading.settrace(None)
+
+
+@contextlib.contextmanager
+def interrupts_python_may_swallow():
+    """Python runs a signal handler at the next bytecode of the main thread, which may be inside a
+    garbage-collector callback (Hypothesis registers one) or a finalizer; a ``KeyboardInterrupt``
+    raised there is reported as unraisable and lost, whatever the engine does. For the block: no
+    gc callbacks, and a list of the interrupts lost that way (a trial that lost one cannot raise)."""
+    lost: list = []
+    callbacks, gc.callbacks[:] = gc.callbacks[:], []
+    previous_hook = sys.unraisablehook
+
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            lost.append(unraisable)
+        else:
+            previous_hook(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield lost
+    finally:
+        sys.unraisablehook = previous_hook
+        gc.callbacks[:] = callbacks + gc.callbacks
 
 
 def check_engine(engine, *, idle: bool = False) -> None:
