@@ -36,8 +36,9 @@ def _lengths(text: str) -> list[int]:
 def cmd_plan(args: argparse.Namespace) -> int:
     from .costs import PreemptionCostModel, load_params
 
-    if args.cost_params is not None and not args.host_pool:
-        raise ValueError("--cost-params prices moving blocks to and from the host pool; give --host-pool too")
+    if args.cost_params is not None and not (args.host_pool or args.disk_pool):
+        raise ValueError("--cost-params prices moving blocks to and from the host pool or the disk; give "
+                         "--host-pool or --disk-pool too")
     spec = KVSpec(args.layers, args.kv_heads, args.head_dim, args.dtype, args.tp)
     result = plan(spec, args.block_size, args.pool, args.prompt_tokens, args.host_pool)
     d = result.as_dict()
@@ -46,6 +47,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         cost = PreemptionCostModel.from_params(params, spec.bytes_per_token)
         # one link, both ways: demotion (device -> host) and load (host -> device) take the same time
         d.update(cost_params=params.name, block_transfer_s=cost.swap_one_way_s(d["bytes_per_block"]),
+                 block_recompute_s=cost.recompute_s(args.block_size))
+    if args.disk_pool:
+        from .tiers.block_codec import value_size
+
+        params = load_params(args.cost_params)
+        cost = PreemptionCostModel.from_params(params, spec.bytes_per_token)
+        value = value_size(d["bytes_per_block"], args.block_size)
+        d.update(disk_pool_bytes=args.disk_pool, disk_value_bytes=value, disk_blocks=args.disk_pool // value,
+                 cost_params=params.name, disk_block_read_s=value / params.disk_read_bytes_per_s,
+                 disk_block_write_s=value / params.disk_write_bytes_per_s,
                  block_recompute_s=cost.recompute_s(args.block_size))
     if args.json:
         print(json.dumps(d))
@@ -71,6 +82,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
             ("move one block", f"{1e6 * d['block_transfer_s']:,.1f} us each way (device -> host, host -> device) "
                                f"against {1e6 * d['block_recompute_s']:,.1f} us to recompute its "
                                f"{args.block_size} tokens ({d['cost_params']} profile)"),
+        ]
+    if args.disk_pool:
+        rows += [
+            ("disk tier", f"{format_size(args.disk_pool)} -> {d['disk_blocks']:,} blocks "
+                          f"({d['disk_blocks'] * args.block_size:,} tokens; {d['disk_value_bytes']:,} B a block "
+                          f"with its header and token ids)"),
+            ("disk one block", f"{1e6 * d['disk_block_read_s']:,.1f} us to read, {1e6 * d['disk_block_write_s']:,.1f} "
+                               f"us to write, against {1e6 * d['block_recompute_s']:,.1f} us to recompute "
+                               f"({d['cost_params']} profile)"),
         ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
@@ -164,30 +184,36 @@ def _tier_options(args: argparse.Namespace) -> dict:
     out = dict(host_policy=args.host_policy or "lru", transfer_cost=cost, gate=args.cost_params is not None)
     if args.remote_capacity:
         out.update(remote_capacity=args.remote_capacity, remote_bytes_per_s=params.remote_bytes_per_s)
+    if args.disk_capacity:
+        out.update(disk_capacity=args.disk_capacity, disk_mode=args.disk_mode,
+                   disk_read_bytes_per_s=params.disk_read_bytes_per_s,
+                   disk_write_bytes_per_s=params.disk_write_bytes_per_s)
     return out
 
 
 def _check_tier_flags(args: argparse.Namespace, tiered: bool) -> None:
     """Options of a lower tier mean nothing without one: refused rather than ignored (a wrong
     --cost-params file would otherwise go unnoticed)."""
+    if args.disk_mode != "write-through" and not args.disk_capacity:
+        raise ValueError("--disk-mode applies to a disk tier; give --disk-capacity too")
     if tiered:
         return
     given = [flag for flag, value in (("--host-policy", args.host_policy), ("--model-spec", args.model_spec),
                                       ("--cost-params", args.cost_params)) if value is not None]
     if given:
         raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to a lower tier; "
-                         "give --host-capacity (or --remote-capacity) too")
+                         "give --host-capacity (or --disk-capacity, --remote-capacity) too")
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from .sim.replay import replay
 
     _check_belady_mode([args.policy], args.mode)
-    _check_tier_flags(args, bool(args.host_capacity or args.remote_capacity))
+    _check_tier_flags(args, bool(args.host_capacity or args.remote_capacity or args.disk_capacity))
     source = _trace_sources(args)[0]
     trace = source.load()
     capacity, note = _effective_capacity(trace, args.capacity, args.mode)
-    tiers = _tier_options(args) if args.host_capacity or args.remote_capacity else {}
+    tiers = _tier_options(args) if args.host_capacity or args.remote_capacity or args.disk_capacity else {}
     if args.host_capacity:
         require_blocks_for_host(args.host_capacity)
     result = replay(trace, args.policy, capacity, mode=args.mode, warmup=args.warmup,
@@ -197,9 +223,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     result["effective_capacity"] = capacity
     oversized = _oversized_note(trace, result, capacity, args.mode)
     staging = None
-    if args.remote_capacity and not args.host_capacity:
+    if (args.remote_capacity or args.disk_capacity) and not args.host_capacity:
+        lower = " and ".join(t for t, on in (("disk", args.disk_capacity), ("remote", args.remote_capacity)) if on)
         staging = (f"no --host-capacity: a host tier of {counted(result['host_capacity'], 'block')} (the largest "
-                   f"request) stages the remote tier's blocks (give --host-capacity "
+                   f"request) stages the {lower} tier's blocks (give --host-capacity "
                    f"to size it)")
     if args.json:
         print(json.dumps(result))
@@ -219,6 +246,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for key in ("requests", "block_accesses", "block_hits", "block_hit_rate", "token_hit_rate", "evictions",
                 "block_insertions", "blocks_never_reused", "oversized_requests", "waited_admissions",
                 "mean_wait_s", "replay_s", "promotions", "demotions", "loads_refused", "transfer_bytes", "transfer_s",
+                "disk_fetches", "disk_writes", "disk_evictions", "disk_transfer_s",
                 "remote_fetches", "remote_writes", "remote_evictions", "remote_transfer_s"):
         if key in result:
             value = result[key]
@@ -271,7 +299,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                         if p != "belady" or args.mode == "cache"),
                                        key=lambda p: (p != "lru", p == "belady", p))
     _check_belady_mode(policies, args.mode)
-    _check_tier_flags(args, bool(any(args.host_capacity or [0]) or args.remote_capacity))
+    _check_tier_flags(args, bool(any(args.host_capacity or [0]) or args.remote_capacity or args.disk_capacity))
     unknown = [p for p in policies if p.partition(":")[0] not in available_policies()]
     if unknown:
         raise ValueError(f"unknown polic{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
@@ -290,7 +318,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             capacities[s.label] = args.capacities
     require_blocks(max(max(c) for c in capacities.values()), "the largest capacity")
     host_caps = args.host_capacity or [0]
-    tiers = _tier_options(args) if any(host_caps) or args.remote_capacity else {}
+    tiers = _tier_options(args) if any(host_caps) or args.remote_capacity or args.disk_capacity else {}
     if any(host_caps):
         require_blocks_for_host(max(host_caps))
     console = make_console(stderr=True)
@@ -446,6 +474,13 @@ def _add_trace_args(p: argparse.ArgumentParser, many: bool) -> None:
 
 def _add_tier_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-policy", default=None, help="eviction policy of the host tier (default lru)")
+    p.add_argument("--disk-capacity", type=non_negative_int, default=0,
+                   help="blocks of a local disk tier below the host tier (above --remote-capacity), cache mode "
+                        "(default 0: none); without --host-capacity, a host tier the size of the largest "
+                        "request stages its blocks")
+    p.add_argument("--disk-mode", default="write-through", choices=["write-through", "exclusive"],
+                   help="write-through (default, what the disk tier does: every computed block written once) "
+                        "or exclusive (a victim tier of the host tier: exclusive LRU tiers are one LRU stack)")
     p.add_argument("--remote-capacity", type=non_negative_int, default=0,
                    help="blocks of a shared remote tier (a Redis server) below the host tier, cache mode "
                         "(default 0: none); without --host-capacity, a host tier the size of the largest "
@@ -506,6 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=positive_int, default=16)
     p.add_argument("--pool", type=positive_size, default=parse_size("24GiB"), help="KV pool bytes, e.g. 24GiB")
     p.add_argument("--prompt-tokens", type=positive_int, default=4097)
+    p.add_argument("--disk-pool", type=size, default=0,
+                   help="bytes of a local disk tier (e.g. 2TiB): the blocks it holds and the time to read and "
+                        "write one (default 0: none)")
     p.add_argument("--host-pool", type=size, default=0,
                    help="host memory for the host tier and swap space, e.g. 64GiB: adds its blocks and the "
                         "time to move one block each way")
@@ -604,6 +642,13 @@ def add_generate_command(subparsers) -> None:
                    help="a shared remote tier for the cache-on runs (redis://host:port/db, unix:///path.sock, "
                         "redis+cluster://host:port,...): prefixes other runs or replicas computed are loaded "
                         "from it, verified; implies a host tier of 2 x --num-blocks")
+    p.add_argument("--disk", metavar="PATH", default=None,
+                   help="a persistent disk tier for the cache-on runs (a directory, made when missing): a later "
+                        "run on the same directory loads what this one wrote, verified; implies a host tier of "
+                        "2 x --num-blocks; above --remote when both are given")
+    p.add_argument("--disk-bytes", metavar="SIZE", type=positive_size, default=None,
+                   help="bytes of blocks the disk tier keeps at most (e.g. 2GiB; default 4GiB): least recently "
+                        "used evicted beyond")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_generate)
 

@@ -119,6 +119,8 @@ class CostParams:
     kv_read_bytes_per_s: float = 3.84e12
     link_bytes_per_s: float = 25 * 2**30
     remote_bytes_per_s: float = 12.5e9          # a remote tier's network (100 Gb/s), for replay's remote model
+    disk_read_bytes_per_s: float = 6.0e9        # a local NVMe disk (PCIe 4), for replay's disk model
+    disk_write_bytes_per_s: float = 3.0e9
     read_whole_blocks: bool = True
     block_alloc_s: float = MEASURED_BOOKKEEPING["block_alloc_s"]
     block_table_entry_s: float = MEASURED_BOOKKEEPING["block_table_entry_s"]
@@ -135,7 +137,8 @@ class CostParams:
         return asdict(self)
 
 
-_POSITIVE = ("kv_read_bytes_per_s", "link_bytes_per_s", "remote_bytes_per_s")
+_POSITIVE = ("kv_read_bytes_per_s", "link_bytes_per_s", "remote_bytes_per_s", "disk_read_bytes_per_s",
+             "disk_write_bytes_per_s")
 
 
 def _finite(value: int | float) -> bool:

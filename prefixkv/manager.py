@@ -36,6 +36,7 @@ from .errors import (CacheBusy, DuplicateSequence, HashMismatch, InvalidArgument
 from .checks import integer
 from .copies import BlockCopies
 from .events import KVEvent
+from .host_tier import HostTier
 from .hashing import (NO_EXTRA_KEYS, TOKEN_TYPECODE, BlockHasher, ExtraKeys, as_hash_list, encode_tokens,
                       repeated_hash)
 from .policies.base import SessionHint
@@ -43,6 +44,7 @@ from .policies.registry import make_policy
 from .pool import BlockPool
 from .prompt import Prompt
 from .stats import CacheStats
+from .tier_stack import TierStack
 
 _MAX_TOKEN = 2**32
 
@@ -103,6 +105,27 @@ def _make_pool(index: str, digest_size: int, num_blocks: int, block_size: int, p
     return BlockPool(num_blocks, block_size, make_policy(policy) if isinstance(policy, str) else policy, **kwargs)
 
 
+def _split_tiers(tiers: list, device_policy) -> tuple:
+    """``tiers`` as (host tier or None, lower tiers): a HostTier first, at most one, and tiers below
+    it only above a host tier that caches (they stage what they serve in its blocks)."""
+    hosts = [i for i, t in enumerate(tiers) if isinstance(t, HostTier)]
+    if len(hosts) > 1 or hosts and hosts[0] != 0:
+        raise InvalidArgument("tiers", "the stack takes one HostTier, first (device -> host -> disk -> remote)")
+    host = tiers[0] if hosts else None
+    lower = tiers[1:] if hosts else tiers
+    if host is not None and not isinstance(device_policy, str) and host.policy is device_policy:
+        raise InvalidArgument("host_policy", f"this {type(device_policy).__name__} object already serves the "
+                                             "device pool; give the host tier a fresh one or a name")
+    for tier in lower:
+        if not callable(getattr(tier, "bind", None)) or not isinstance(getattr(tier, "name", None), str):
+            raise InvalidArgument("tiers", f"{tier!r} is not a tier (a HostTier, DiskTier or RemoteTier)")
+    if lower and (host is None or not host.cache):
+        raise InvalidArgument("tiers", f"a {lower[0].name.lower()} tier stages the blocks it serves in the host "
+                                       "tier: put a caching HostTier above it (HostTier(n), or num_host_blocks=n "
+                                       "with host_cache=True)")
+    return host, lower
+
+
 class KVCacheManager:
     """Paged KV cache bookkeeping with automatic prefix caching.
 
@@ -119,7 +142,7 @@ class KVCacheManager:
                  hash_algorithm: str = "xxh3_128", verify: bool = False, record_events: bool = False,
                  enable_caching: bool = True, num_host_blocks: int = 0, track_reuse: bool = False,
                  host_cache: bool = False, host_policy="lru", host_inclusive: bool = False,
-                 load_gate=None, index: str = "auto") -> None:
+                 load_gate=None, index: str = "auto", tiers: Sequence = ()) -> None:
         """A pool of ``num_blocks`` blocks of ``block_size`` token slots.
 
         * ``policy``: an eviction policy name (``prefixkv.policies.available_policies()``:
@@ -131,12 +154,18 @@ class KVCacheManager:
         * ``verify``: keep each cached block's tokens and treat a hash collision as a miss.
         * ``record_events``: keep KV events (stored / removed / cleared) for ``drain_events``.
         * ``enable_caching``: ``False`` turns prefix caching off (no hashes, no hits).
-        * ``num_host_blocks``: host-memory blocks (0: none): swap space for ``swap_out`` /
-          ``swap_in`` and, with ``host_cache``, the host tier; one pool for both.
-        * ``host_cache``: blocks evicted from the device are demoted to the host pool instead of
-          vanishing, and lookups continue there past the device hits (``prefixkv.tiers.host``).
-          ``host_policy`` orders the host pool (any registered policy); exclusive by default
-          (a promoted block leaves the host tier), ``host_inclusive=True`` keeps it.
+        * ``tiers``: the stack below the device pool, top first: a ``HostTier`` (host memory:
+          swap space for ``swap_out`` / ``swap_in`` and, with its ``cache`` on, the host tier;
+          one pool for both), then tiers that hold bytes below it (``prefixkv.tiers.DiskTier``,
+          ``prefixkv.tiers.RemoteTier``), which need the host tier's cache and are opened once the
+          KV store exists (``manager.tiers.bind(kv, weights=...)``; ``prefixkv.tiers.stack``
+          builds whole stacks). See ``prefixkv.tier_stack``.
+        * ``num_host_blocks``, ``host_cache``, ``host_policy``, ``host_inclusive``: shorthand for
+          ``tiers=[HostTier(num_host_blocks, cache=host_cache, policy=host_policy,
+          inclusive=host_inclusive)]`` (the same stack, the same results): host blocks (0: none);
+          demote blocks evicted from the device there instead of letting them vanish, lookups
+          continuing there past the device hits; the host pool's policy (any registered one);
+          exclusive by default (a promoted block leaves the host tier), inclusive keeps it.
         * ``load_gate``: a ``prefixkv.costs.PreemptionCostModel``; a host hit is taken only when
           moving a block costs less than recomputing its tokens (refusals are counted). None:
           always taken.
@@ -170,6 +199,10 @@ class KVCacheManager:
                                                 "a trace replay knows: use prefixkv.sim.replay / `prefixkv replay`, "
                                                 "or pass a BeladyPolicy object you feed through set_next_use")
             make_policy(policy)     # an unknown name or bad options fail here, before anything is built
+        tiers = list(tiers)
+        if tiers and (num_host_blocks or host_cache or host_inclusive or host_policy != "lru"):
+            raise InvalidArgument("tiers", "give the host tier either in tiers=[HostTier(...), ...] or by "
+                                           "num_host_blocks/host_cache/host_policy/host_inclusive, not both")
         if isinstance(host_policy, str) and num_host_blocks:
             if host_policy == "belady":
                 raise InvalidArgument("host_policy", "the belady policy (MIN) needs every block's next use: "
@@ -184,6 +217,11 @@ class KVCacheManager:
             # before the pool is built: that binds a policy object passed in, which then could not
             # serve the manager built once the caller fixes this
             raise InvalidArgument("host_cache", "host_cache needs host blocks: pass num_host_blocks > 0")
+        if num_host_blocks:
+            tiers = [HostTier(num_host_blocks, policy=host_policy, cache=host_cache, inclusive=host_inclusive)]
+        host, lower = _split_tiers(tiers, policy)
+        if lower and not enable_caching:
+            raise InvalidArgument("tiers", f"a {lower[0].name.lower()} tier needs prefix caching (enable_caching=True)")
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.hasher = BlockHasher(block_size, seed=hash_seed, algorithm=hash_algorithm)
@@ -193,19 +231,17 @@ class KVCacheManager:
                                record_events=record_events, track_reuse=track_reuse)
         self._seqs: dict[Hashable, _Sequence] = {}
         self._copies: list[tuple[int, int]] = []
-        self.num_host_blocks = num_host_blocks
-        self.host = None
-        if num_host_blocks:
-            from .tiers.host import HostTier
-            self.host = HostTier(num_host_blocks, block_size, policy=host_policy,
-                                 cache=host_cache and enable_caching, inclusive=host_inclusive,
-                                 record_events=record_events,
-                                 digest_size=self.pool.index.digest_size)
-            self.host.pool.events = self.pool.events          # one ordered stream for every tier
-            if self.host.cache:
+        self.host = host
+        self.num_host_blocks = 0 if host is None else host.num_blocks
+        if host is not None:
+            host.build(block_size, record_events=record_events, digest_size=self.pool.index.digest_size,
+                       enable_caching=enable_caching)
+            host.pool.events = self.pool.events          # one ordered stream for every tier
+            if host.cache:
                 self.pool.on_evict_many = self._demote
-                if self.host.keeps_chain:      # a demoted block takes its parent and depth down
+                if host.keeps_chain:      # a demoted block takes its parent and depth down
                     self.pool.keep_chain = True
+        self.tiers = TierStack(self, host, lower)
         # Lower-tier hits are taken unless moving a block costs more than recomputing it.
         self.load_gate = load_gate
         self._take_lower = load_gate is None or load_gate.swap_one_way_s(

@@ -45,6 +45,19 @@ _MANAGER_COUNTERS = (
 )
 
 
+# (event, help, StoreTier.stats() key) of the tiers below the host tier (disk, remote): counters
+# whose key sums a per-reason dict are summed
+_STORE_TIER_EVENTS = (
+    ("staged", "Blocks loaded from the tier into host blocks, verified", "staged_blocks"),
+    ("queued", "Blocks queued for the tier's background writer", "queued_blocks"),
+    ("kept_from_below", "Blocks a tier below served, queued for this one", "kept_from_below"),
+    ("written", "Blocks the store wrote", "store_writes"),
+    ("evicted", "Blocks the store evicted (disk; a server evicts on its own)", "store_evictions"),
+    ("rejected", "Values that failed verification: misses, deleted", "store_rejected"),
+    ("dropped", "Writes dropped (queue full, disk full or read-only)", "store_dropped"),
+)
+
+
 # The states a tier's block gauge takes: a tier's stats() may hold more (counters, a URL, a
 # fingerprint), which are not block counts and would each add a series.
 TIER_STATES = ("active", "cached", "free")
@@ -92,6 +105,32 @@ class _Collector:
                 self.tier_errors[worker, tier] = self.tier_errors.get((worker, tier), 0) + 1
             return {}
 
+    def _store_tiers(self):
+        """The tiers below each watched manager's host tier (``manager.tiers.lower``)."""
+        events = CounterMetricFamily("prefixkv_store_tier_blocks", "Blocks through a tier below the host tier, "
+                                     "by event (" + ", ".join(e for e, _, _ in _STORE_TIER_EVENTS) + ")",
+                                     labels=["worker", "tier", "event"])
+        used = GaugeMetricFamily("prefixkv_store_tier_bytes", "Bytes a disk tier's directory holds (used) and "
+                                 "may hold (capacity)", labels=["worker", "tier", "kind"])
+        for worker, mgr in self.managers:
+            for tier in getattr(getattr(mgr, "tiers", None), "lower", ()):
+                name = tier.name.lower()
+                try:
+                    stats = tier.stats()
+                except Exception:
+                    with self._lock:
+                        self.tier_errors[worker, name] = self.tier_errors.get((worker, name), 0) + 1
+                    continue
+                for event, _, key in _STORE_TIER_EVENTS:
+                    value = stats.get(key, 0)
+                    value = sum(value.values()) if isinstance(value, dict) else value
+                    events.add_metric([worker, name, event], float(value or 0))
+                for kind in ("used", "capacity"):
+                    if f"store_{kind}_bytes" in stats:
+                        used.add_metric([worker, name, kind], float(stats[f"store_{kind}_bytes"]))
+        yield events
+        yield used
+
     def collect(self):
         blocks = GaugeMetricFamily("prefixkv_blocks", "Blocks by tier and state (active, cached, free)",
                                    labels=["worker", "tier", "state"])
@@ -113,6 +152,7 @@ class _Collector:
                 blocks.add_metric([worker, tier, state], value)
         yield blocks
         yield from counters.values()
+        yield from self._store_tiers()
         errors = CounterMetricFamily("prefixkv_tier_stats_errors", "Scrapes that left a tier out: its stats() "
                                      "raised or was not a dict of finite block counts", labels=["worker", "tier"])
         with self._lock:

@@ -62,18 +62,23 @@ class Engine:
     def __init__(self, scheduler: Scheduler, executor: Executor, *, clock=None, seed: int = 0,
                  remote=None) -> None:
         """``seed``: the base of the per-request sampling seeds of requests that give none.
-        ``remote``: a ``prefixkv.tiers.remote.RemoteTier`` on the scheduler's manager and the
-        executor's KV store (``from_model(remote=URL)`` builds one): prefetched before each step's
-        admissions, written back after each step; ``close()`` flushes and closes it."""
+        The tiers below the host tier in the manager's stack (``manager.tiers``: a disk tier, a
+        remote tier, bound to the executor's KV store) are prefetched before each step's
+        admissions and written back after each step; ``close()`` flushes and closes them.
+        ``remote``: a bound ``prefixkv.tiers.remote.RemoteTier`` on the scheduler's manager, added
+        at the bottom of its stack if it is not there yet."""
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
         if remote is not None and remote.manager is not scheduler.mgr:
             raise ValueError("the remote tier was built for another manager than the scheduler's")
-        self.remote = remote
+        tiers = scheduler.mgr.tiers
+        if remote is not None and remote not in tiers.lower:
+            tiers.attach(remote)
+        self.tiers = tiers
         self._remote_step = None
-        if remote is not None:
+        if tiers.lower:
             from .remote import RemoteStep
-            self._remote_step = RemoteStep(remote)
+            self._remote_step = RemoteStep(tiers)
         self.scheduler = scheduler
         self.executor = executor
         self.clock = clock or WallClock()
@@ -91,7 +96,7 @@ class Engine:
                    enable_caching: bool = True, policy="lru", hash_seed: int | None = 0,
                    config: SchedulerConfig | None = None, cost_model: PreemptionCostModel | None = None,
                    clock=None, impl: str = "auto", seed: int = 0, remote: str | None = None,
-                   remote_config=None) -> "Engine":
+                   remote_config=None, disk=None, disk_bytes: int | None = None, disk_config=None) -> "Engine":
         """Manager, KV store (on the model's device), scheduler and model executor for ``model``
         (anything with ``config.kv_spec()``, ``device``, ``forward(ids, positions, attention)``
         and ``logits(hidden)``, like ``TinyLlama``; see ``prefixkv.engine.model.EngineModel``).
@@ -99,42 +104,48 @@ class Engine:
         against it. ``seed``: the base of the per-request sampling seeds (see the module docs).
         ``num_host_blocks``: pinned host memory for swapping and, with ``host_cache``, the host
         tier: blocks evicted from the device pool are kept there and loaded back on a later hit.
-        ``remote``: a shared block store below the host tier (``redis://host:port/db``,
+        ``disk``: a directory for a persistent disk tier below the host tier, at most
+        ``disk_bytes`` of blocks (default ``prefixkv.tiers.stack.DEFAULT_DISK_BYTES``; see
+        ``prefixkv.tiers.disk_tier``): an engine built again on it serves what this one wrote.
+        ``remote``: a shared block store below the host (and disk) tier (``redis://host:port/db``,
         ``unix:///path.sock``, ``redis+cluster://host:port,...``; extra ``[redis]``), see
-        ``prefixkv.tiers.remote``. It implies the host tier (``host_cache=True``), sized
+        ``prefixkv.tiers.remote``. Either implies the host tier (``host_cache=True``), sized
         ``2 * num_blocks`` when ``num_host_blocks`` is 0, and a pinned hash seed: with
         ``hash_seed=None`` the seed is derived from the weights digest, dtype and block size
-        (``derived_hash_seed``), so every replica of the same model agrees.
-        ``remote_config``: a ``RedisStoreConfig`` (timeouts, queue bounds, TTL)."""
+        (``derived_hash_seed``), so every process of the same model agrees.
+        ``remote_config``: a ``RedisStoreConfig`` (timeouts, queue bounds, TTL); ``disk_config``:
+        a ``DiskStoreConfig`` (fsync policy, queue bounds). The stack is built by
+        ``prefixkv.tiers.stack``, as every face builds it."""
         from ..kv.storage import KVStore
+        from ..tiers.stack import bind_stack, plan_stack
         from .executor import ModelExecutor
 
         spec = model.config.kv_spec()
-        weights = None
-        if remote is not None:
-            from ..tiers.fingerprint import derived_hash_seed
-            from ..tiers.remote import default_host_blocks, model_weights_digest
-
-            if not enable_caching:
-                raise ValueError("a remote tier needs prefix caching (enable_caching=True)")
-            weights = model_weights_digest(model)      # once, when the tier is attached
-            if hash_seed is None:
-                hash_seed = derived_hash_seed(weights, dtype=spec.dtype, block_size=block_size)
-            num_host_blocks = num_host_blocks or default_host_blocks(num_blocks)
-            host_cache = True
-        mgr = KVCacheManager(num_blocks, block_size, policy=policy, hash_seed=hash_seed,
-                             enable_caching=enable_caching, num_host_blocks=num_host_blocks,
-                             host_cache=host_cache, host_policy=host_policy)
+        plan = plan_stack(num_blocks=num_blocks, block_size=block_size, dtype=spec.dtype,
+                          num_host_blocks=num_host_blocks, host_cache=host_cache, host_policy=host_policy,
+                          hash_seed=hash_seed, enable_caching=enable_caching, model=model, disk=disk,
+                          disk_bytes=disk_bytes, disk_config=disk_config, remote=remote, remote_config=remote_config)
+        mgr = KVCacheManager(num_blocks, block_size, policy=policy, hash_seed=plan.hash_seed,
+                             enable_caching=enable_caching, tiers=plan.tiers)
         store = KVStore(spec, num_blocks, block_size, device=model.device)
-        if num_host_blocks:
-            store.allocate_host(num_host_blocks)
         cost_model = cost_model or PreemptionCostModel.for_spec(spec)
         scheduler = Scheduler(mgr, config, cost_model)
-        tier = None
-        if remote is not None:
-            from ..tiers.remote import RemoteTier
-            tier = RemoteTier.connect(remote, mgr, store, weights=weights, config=remote_config)
-        return cls(scheduler, ModelExecutor(model, store, impl=impl), clock=clock, seed=seed, remote=tier)
+        bind_stack(mgr, store, plan)
+        try:
+            return cls(scheduler, ModelExecutor(model, store, impl=impl), clock=clock, seed=seed)
+        except BaseException:
+            mgr.tiers.close(flush_timeout_s=0.0)
+            raise
+
+    @property
+    def remote(self):
+        """The remote tier of the manager's stack (None: none)."""
+        return self.tiers.tier("REMOTE")
+
+    @property
+    def disk(self):
+        """The disk tier of the manager's stack (None: none)."""
+        return self.tiers.tier("DISK")
 
     @property
     def manager(self) -> KVCacheManager:
@@ -319,7 +330,8 @@ class Engine:
         return [self.requests[i].output for i in ids]
 
     def close(self) -> None:
-        """Cancel every live request (their blocks go back to the pool); close the remote tier."""
+        """Cancel every live request (their blocks go back to the pool); close the tiers below the host
+        tier (what they queued is written, bounded)."""
         try:
             with held():
                 t = self.clock.now()
@@ -330,9 +342,9 @@ class Engine:
                     for r in live:
                         r.metrics.finished = t
         finally:
-            if self.remote is not None:
-                self.remote.close()          # sends what is queued (bounded), stops its thread
-                self.remote = self._remote_step = None
+            if self.tiers.lower:
+                self.tiers.close()           # writes what is queued (bounded), stops their threads
+            self._remote_step = None
 
     def __enter__(self) -> "Engine":
         return self

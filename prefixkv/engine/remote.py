@@ -1,6 +1,7 @@
-"""The engine's side of a remote tier: prefetch before a step's admissions, write-back after it.
+"""The engine's side of the tiers below the host tier (disk, remote): prefetch before a step's admissions,
+write-back after it.
 
-``RemoteStep`` wraps a ``prefixkv.tiers.remote.RemoteTier`` for the engine loop:
+``RemoteStep`` wraps a manager's ``prefixkv.tier_stack.TierStack`` for the engine loop:
 
 * ``before(scheduler, now)``: before ``schedule``, stage in the host tier the
   remote continuation of the prompts the scheduler may admit this step: the

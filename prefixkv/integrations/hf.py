@@ -236,10 +236,12 @@ class PrefixKVStore:
     ``host_cache=True`` adds the host tier: blocks evicted from the device pool
     are kept in (pinned) host memory and loaded back on a later hit. ``remote``
     (``redis://host:port/db``, ``unix://``, ``redis+cluster://``) adds a shared
-    remote tier below it (``prefixkv.tiers.remote``): it implies the host tier
-    (``2 * num_blocks`` host blocks unless given) and a pinned hash seed (derived
-    from the weights digest when ``hash_seed`` is None; ``self.hash_seed``);
-    ``close()`` flushes it.
+    remote tier below it (``prefixkv.tiers.remote``); ``disk`` (a directory, at
+    most ``disk_bytes`` of blocks) a persistent disk tier between the two
+    (``prefixkv.tiers.disk_tier``): a store built again on it serves what this one
+    wrote. Either implies the host tier (``2 * num_blocks`` host blocks unless
+    given) and a pinned hash seed (derived from the weights digest when
+    ``hash_seed`` is None; ``self.hash_seed``); ``close()`` flushes them.
 
     **One store per model.** Cached KV is only valid for the weights that
     computed it, and prefix hits are looked up by token ids alone. A store is
@@ -256,7 +258,8 @@ class PrefixKVStore:
                  block_size: int = 16, dtype: torch.dtype | str | None = None, device=None, policy="lru",
                  hash_seed: int | None = None, verify: bool = False, enable_caching: bool = True,
                  impl: str = "auto", num_host_blocks: int = 0, host_cache: bool = False,
-                 host_policy="lru", remote: str | None = None, remote_config=None) -> None:
+                 host_policy="lru", remote: str | None = None, remote_config=None, disk=None,
+                 disk_bytes: int | None = None, disk_config=None) -> None:
         self.spec = model_kv_spec(model, dtype)
         if device is None:
             device = getattr(model, "device", "cpu")
@@ -267,37 +270,24 @@ class PrefixKVStore:
         else:
             self.kv = KVStore(self.spec, num_blocks, block_size, device)
         self.block_size = block_size
-        weights = None
-        if remote is not None:
-            # The remote tier implies the host tier (it stages fetched blocks there) and a pinned seed.
-            from prefixkv.tiers.fingerprint import derived_hash_seed
-            from prefixkv.tiers.remote import default_host_blocks, model_weights_digest
-
-            if verify or not enable_caching:
-                raise ValueError("a remote tier needs prefix caching without verify=True (the remote tier "
-                                 "verifies every block's token ids itself)")
-            if not isinstance(model, torch.nn.Module):
-                raise TypeError("a remote tier needs the model's weights (their digest is in every key)")
-            weights = model_weights_digest(model)
-            if hash_seed is None:
-                hash_seed = derived_hash_seed(weights, dtype=str(self.kv.dtype), block_size=block_size)
-            num_host_blocks = num_host_blocks or default_host_blocks(self.kv.num_blocks)
-            host_cache = True
-        self.hash_seed = hash_seed
-        self.manager = KVCacheManager(self.kv.num_blocks, block_size, policy=policy, hash_seed=hash_seed,
-                                      verify=verify, enable_caching=enable_caching,
-                                      num_host_blocks=num_host_blocks, host_cache=host_cache,
-                                      host_policy=host_policy)
-        if num_host_blocks:
-            self.kv.allocate_host(num_host_blocks)
+        if (remote is not None or disk is not None) and verify:
+            raise ValueError("a disk or remote tier needs prefix caching without verify=True (the tier "
+                             "verifies every block's token ids itself)")
+        if (remote is not None or disk is not None) and not isinstance(model, torch.nn.Module):
+            raise TypeError("a disk or remote tier needs the model's weights (their digest is in every key)")
+        from prefixkv.tiers.stack import bind_stack, plan_stack
+        plan = plan_stack(num_blocks=self.kv.num_blocks, block_size=block_size, dtype=str(self.kv.dtype),
+                          num_host_blocks=num_host_blocks, host_cache=host_cache, host_policy=host_policy,
+                          hash_seed=hash_seed, enable_caching=enable_caching, model=model, disk=disk,
+                          disk_bytes=disk_bytes, disk_config=disk_config, remote=remote, remote_config=remote_config)
+        self.hash_seed = plan.hash_seed
+        self.manager = KVCacheManager(self.kv.num_blocks, block_size, policy=policy, hash_seed=plan.hash_seed,
+                                      verify=verify, enable_caching=enable_caching, tiers=plan.tiers)
         self.impl = impl
         # Blocks whose hash may be published but whose KV is not known to be completely written.
         self.pending: set[int] = set()
         self.manager.unwritten = self.pending          # the host tier never keeps such a block
-        self.remote = None
-        if remote is not None:
-            from prefixkv.tiers.remote import RemoteTier
-            self.remote = RemoteTier.connect(remote, self.manager, self.kv, weights=weights, config=remote_config)
+        self.tiers = bind_stack(self.manager, self.kv, plan)
         self._ids = itertools.count()
         # The model whose KV this store holds (weak: the store does not keep a model alive).
         self._model_ref = weakref.ref(model) if isinstance(model, torch.nn.Module) else None
@@ -309,20 +299,28 @@ class PrefixKVStore:
         manager = self.manager
         self.kv.transfer(manager.take_demotions(), manager.take_loads(), manager.take_copies())
 
+    @property
+    def remote(self):
+        """The remote tier of the stack (None: none)."""
+        return self.tiers.tier("REMOTE")
+
+    @property
+    def disk(self):
+        """The disk tier of the stack (None: none)."""
+        return self.tiers.tier("DISK")
+
     def prefetch(self, prompt) -> int:
-        """Stage the remote tier's continuation of ``prompt`` (a manager ``Prompt``) in the host
-        tier before it is admitted; 0 without a remote tier."""
-        return 0 if self.remote is None else self.remote.prefetch(prompt)
+        """Stage the continuation of ``prompt`` (a manager ``Prompt``) from the tiers below the host
+        tier (disk, remote) in the host tier before it is admitted; 0 without such tiers."""
+        return self.tiers.prefetch(prompt)
 
     def write_back(self) -> int:
-        """Queue blocks whose KV a forward has written for the remote tier (never waits)."""
-        return 0 if self.remote is None else self.remote.write_back()
+        """Queue blocks whose KV a forward has written for the tiers below the host tier (never waits)."""
+        return self.tiers.write_back()
 
     def close(self) -> None:
-        """Flush (bounded) and close the remote tier, if any."""
-        if self.remote is not None:
-            self.remote.close()
-            self.remote = None
+        """Flush (bounded) and close the tiers below the host tier, if any."""
+        self.tiers.close()
 
     def cache(self, model, mode: str = "gather", *, session=None, end: str | None = None) -> "PrefixKVCache":
         """A new ``PrefixKVCache`` on this store for ``model`` (the model you call ``generate`` on).

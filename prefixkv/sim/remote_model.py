@@ -19,6 +19,8 @@ from ..errors import InvalidArgument
 
 
 class RemoteModel:
+    name = "remote"
+
     def __init__(self, capacity: int) -> None:
         # A NaN capacity compares false with every size: the model would never evict.
         if isinstance(capacity, bool) or not isinstance(capacity, Integral) or capacity <= 0:
@@ -44,6 +46,10 @@ class RemoteModel:
         for h in hashes:
             move(h)
         self.fetched += len(hashes)
+
+    def unread(self, block_hash: Hashable) -> None:
+        """The host tier could not take a block just read."""
+        self.fetched -= 1
 
     def write(self, hashes: Sequence[Hashable]) -> None:
         blocks = self._blocks

@@ -74,6 +74,7 @@ class ReplayResult:
     host_capacity: int = 0             # host-tier blocks (0: no host tier)
     host_block_hits: int = 0           # of block_hits, served from the host tier
     remote_block_hits: int = 0         # of block_hits, fetched from the remote tier (through the host tier)
+    disk_block_hits: int = 0           # of block_hits, read from the disk tier (through the host tier)
     extra: dict = field(default_factory=dict)
     # Wall seconds of the replay itself (prompts from the loaded trace, the requests, the final
     # checks); the trace's loading is not in it. Not part of the result's value: equality and
@@ -109,9 +110,12 @@ class ReplayResult:
             out["replay_s"] = replay_s
         out.update(block_hit_rate=self.block_hit_rate, token_hit_rate=self.token_hit_rate)
         remote = out.pop("remote_block_hits")
+        disk = out.pop("disk_block_hits")
         if self.host_capacity:
-            device = self.block_hits - self.host_block_hits - remote
+            device = self.block_hits - self.host_block_hits - remote - disk
             out["tier_block_hits"] = {"device": device, "host": self.host_block_hits}
+            if "disk_capacity" in self.extra:
+                out["tier_block_hits"]["disk"] = disk
             if "remote_capacity" in self.extra:
                 out["tier_block_hits"]["remote"] = remote
             out["tier_hit_rate"] = {tier: hits / self.block_accesses if self.block_accesses else 0.0
@@ -225,8 +229,16 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
            prefill_rate: float = 20_000.0, decode_rate: float = 50.0, hash_seed: int = 0,
            host_capacity: int = 0, host_policy: str | Any = "lru", host_inclusive: bool = False,
            transfer_cost=None, gate: bool = False, remote_capacity: int = 0,
-           remote_bytes_per_s: float | None = None) -> ReplayResult:
+           remote_bytes_per_s: float | None = None, disk_capacity: int = 0, disk_mode: str = "write-through",
+           disk_read_bytes_per_s: float | None = None,
+           disk_write_bytes_per_s: float | None = None) -> ReplayResult:
     """Replay ``trace`` with ``policy`` at ``capacity`` blocks; see the module doc.
+
+    ``disk_capacity`` models a local disk tier below the host tier and above the remote one (cache
+    mode; ``prefixkv.sim.disk_model``: ``disk_mode`` ``"write-through"`` as ``DiskTier`` does, or
+    ``"exclusive"``, a victim tier of the host), staged through the host tier like the remote
+    tier; ``disk_read_bytes_per_s`` / ``disk_write_bytes_per_s`` price its reads and writes
+    (``disk_transfer_s``, with a ``transfer_cost`` for the bytes of a block).
 
     ``remote_capacity`` models a shared remote tier below the host tier (cache mode;
     ``prefixkv.sim.remote_model``): a host tier is needed to stage its blocks (when none is
@@ -237,6 +249,16 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
     # so a replay refused after building its manager would have used the caller's object up.
     _check_arguments(mode, warmup, capacity, prefill_rate, decode_rate, host_capacity, remote_capacity,
                      remote_bytes_per_s)
+    disk = None
+    if disk_capacity:
+        from .disk_model import DiskModel
+        disk = DiskModel(disk_capacity, disk_mode)      # checks both
+        for name, rate in (("disk_read_bytes_per_s", disk_read_bytes_per_s),
+                           ("disk_write_bytes_per_s", disk_write_bytes_per_s)):
+            if rate is not None and not _is_rate(rate):
+                raise InvalidArgument(name, f"must be None or a finite number of bytes per second > 0, got {rate!r}")
+        if mode != "cache":
+            raise ValueError("a disk tier is modelled in cache mode only")
     if gate and transfer_cost is None:
         raise ValueError("the load gate needs a transfer_cost (a PreemptionCostModel)")
     if remote_capacity and mode != "cache":
@@ -248,7 +270,7 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
         raise ValueError("the belady policy needs set_next_use(hash, next_time)")
     if oracle is not None and mode != "cache":
         raise ValueError("belady needs the future in trace order; use mode='cache'")
-    if isinstance(host_policy, str) and (host_capacity or remote_capacity):
+    if isinstance(host_policy, str) and (host_capacity or remote_capacity or disk):
         make_policy(host_policy)    # the manager binds the device policy before it reads this name
     block_size = trace.block_size
     requests = trace.requests
@@ -257,12 +279,16 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
         from .remote_model import RemoteModel
 
         remote = RemoteModel(remote_capacity)
+    if remote is not None or disk is not None:
         staging = max((-(-r.input_length // block_size) for r in requests), default=1)
         host_capacity = host_capacity or staging
     mgr = KVCacheManager(capacity, block_size, policy=policy_obj, hash_seed=hash_seed, track_reuse=True,
                          num_host_blocks=host_capacity, host_cache=bool(host_capacity), host_policy=host_policy,
                          host_inclusive=host_inclusive, load_gate=transfer_cost if gate else None,
                          index="dict")     # a trace's hashes are integer ids
+    if disk is not None and disk.exclusive:
+        mgr.host.pool.on_evict_many = lambda blocks, hashes: disk.demote(hashes)    # host victims fall to disk
+    lower = [model for model in (disk, remote) if model is not None]
     checked = getattr(trace, "checked_hashes", False)
     prompts = [_prompt_for(mgr, request, block_size, checked) for request in requests]
     next_uses = _next_uses(prompts) if oracle is not None else None
@@ -273,7 +299,7 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
     predict = getattr(policy_obj, "predict", None)
     forecasts: dict[int, tuple[float, float, float]] | None = {} if predict is not None else None
     if mode == "cache":
-        _replay_cache(mgr, requests, prompts, result, next_uses, oracle, hints, forecasts, remote)
+        _replay_cache(mgr, requests, prompts, result, next_uses, oracle, hints, forecasts, lower)
     else:
         _replay_concurrent(mgr, requests, prompts, result, prefill_rate, decode_rate, hints, forecasts)
     mgr.check_invariants()
@@ -291,6 +317,16 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
                             remote_writes=written, remote_evictions=remote.evictions - evictions0)
         if transfer_cost is not None and remote_bytes_per_s:
             result.extra.update(remote_transfer_bytes=moved, remote_transfer_s=moved / remote_bytes_per_s)
+    if disk is not None:
+        fetched0, written0, evictions0 = result.extra.pop("_disk_at_warmup", (0, 0, 0))
+        fetched, written = disk.fetched - fetched0, disk.written - written0
+        block_bytes = block_size * (transfer_cost.kv_bytes_per_token if transfer_cost is not None else 0)
+        result.extra.update(disk_capacity=disk_capacity, disk_mode=disk_mode, disk_fetches=fetched,
+                            disk_writes=written, disk_evictions=disk.evictions - evictions0)
+        if transfer_cost is not None and disk_read_bytes_per_s and disk_write_bytes_per_s:
+            result.extra.update(disk_transfer_bytes=(fetched + written) * block_bytes,
+                                disk_transfer_s=block_bytes * (fetched / disk_read_bytes_per_s
+                                                               + written / disk_write_bytes_per_s))
     result.replay_s = time.perf_counter() - started
     return result
 
@@ -374,34 +410,53 @@ def _free(mgr: KVCacheManager, i, hint: SessionHint | None, forecasts: dict | No
             forecasts[i] = (forecast[0], forecast[1], hint.time)
 
 
-def _stage_remote(mgr: KVCacheManager, remote, prompt) -> int:
+def _stage_lower(mgr: KVCacheManager, lower: Sequence, prompt) -> list[int]:
     """Fetch the blocks that continue ``prompt``'s chain past the device and host hits from the
-    remote model into the host tier (where ``admit`` finds them); returns how many."""
+    modelled tiers below the host (disk, then remote: each past the one above) into the host tier,
+    where ``admit`` finds them; returns how many each staged."""
     hashes = prompt.block_hashes()
     start = mgr.match(prompt, compute_last_token=False).hit_blocks
-    n = remote.leading(hashes, start)
-    if not n:
-        return 0
+    counts = [0] * len(lower)
+    found = [0] * len(lower)
+    at = start
+    for k, model in enumerate(lower):
+        found[k] = model.leading(hashes, at)     # a tier that misses leaves the chain to the next
+        at += found[k]
+    if at == start:
+        return counts
     host = mgr.host
     # As the real tier does, hold the chain's host hits while staging: a staged block must not
     # evict a block of the chain it continues (admit would then find neither).
     device, pool = mgr.pool.lookup, host.pool
     held = [b for b in map(pool.lookup, (h for h in hashes[:start] if device(h) is None)) if b is not None]
     pool.acquire_hits(held)
-    staged = []
+    at = start
     try:
-        for i in range(start, start + n):
-            if host.store(hashes[i], hashes[i - 1] if i else None, i) is None:
-                break              # the host tier is full of blocks held for loads: stop the chain
-            staged.append(hashes[i])
+        for k, model in enumerate(lower):
+            staged = []
+            for i in range(at, at + found[k]):
+                # (an exclusive disk takes the host's victims while this stages: it may have lost
+                # the rest of the chain to them)
+                if not model.leading(hashes, i):
+                    break
+                model.read((hashes[i],))
+                if host.store(hashes[i], hashes[i - 1] if i else None, i) is None:
+                    model.unread(hashes[i])
+                    break          # the host tier is full of blocks held for loads: stop the chain
+                staged.append(hashes[i])
+            for above in lower[:k]:
+                above.write(staged)     # a write-through disk keeps what the remote tier served
+            counts[k] = len(staged)
+            at += len(staged)
+            if len(staged) < found[k]:
+                break
     finally:
         pool.release(held[::-1])   # tail first, as the manager releases
-    remote.read(staged)
-    return len(staged)
+    return counts
 
 
 def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, result: ReplayResult,
-                  next_uses, oracle, hints: Sequence, forecasts: dict | None, remote=None) -> None:
+                  next_uses, oracle, hints: Sequence, forecasts: dict | None, lower: Sequence = ()) -> None:
     size = mgr.block_size
     capacity = mgr.pool.num_blocks
     warm = result.warmup_requests
@@ -412,8 +467,8 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
             at_warmup = _pool_counters(mgr.pool)
             if tiers:
                 result.extra["_tiers_at_warmup"] = _tiers_now(mgr)
-            if remote is not None:
-                result.extra["_remote_at_warmup"] = (remote.fetched, remote.written, remote.evictions)
+            for model in lower:
+                result.extra[f"_{model.name}_at_warmup"] = (model.fetched, model.written, model.evictions)
         prompt, accesses, last_tokens = prompts[i]
         if oracle is not None:
             _tell_oracle(oracle, prompt, next_uses[i])
@@ -421,8 +476,8 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
         loads_before = mgr.counters["loads"] if tiers else 0
         # A request longer than the whole pool is never admitted: staging its chain would fetch
         # bytes no hit uses and push host blocks out for them.
-        staged = _stage_remote(mgr, remote, prompt) \
-            if remote is not None and -(-prompt.num_tokens // size) <= capacity else 0
+        staged = _stage_lower(mgr, lower, prompt) \
+            if lower and -(-prompt.num_tokens // size) <= capacity else ()
         try:
             hit_tokens = mgr.admit(i, prompt, compute_last_token=False)
         except SequenceTooLong:
@@ -434,16 +489,24 @@ def _replay_cache(mgr: KVCacheManager, requests: Sequence, prompts: Sequence, re
             if tiers:      # a replay moves no bytes: the transfers are only counted
                 mgr.take_demotions()
                 mgr.take_loads()
-            if remote is not None:      # write-through: the server gets every block it lacks
-                remote.write(prompt.block_hashes()[:prompt.num_tokens // size])
+            if lower:      # write-through: the server (and a write-through disk) gets every block it lacks
+                published = prompt.block_hashes()[:prompt.num_tokens // size]
+                for model in lower:
+                    model.write(published)
             _free(mgr, i, hint, forecasts, i >= warm)
         if i >= warm:
             result.count(request, accesses, last_tokens, hit_tokens // size)
             if tiers:
                 loaded = mgr.counters["loads"] - loads_before
-                remote_hits = min(staged, loaded)
-                result.host_block_hits += loaded - remote_hits
-                result.remote_block_hits += remote_hits
+                # staged blocks come right after the device and host hits: the last loads are theirs
+                for model, n in zip(reversed(lower), reversed(staged)):
+                    taken = min(n, loaded)
+                    loaded -= taken
+                    if model.name == "disk":
+                        result.disk_block_hits += taken
+                    else:
+                        result.remote_block_hits += taken
+                result.host_block_hits += loaded
     _count_cache_traffic(result, mgr.pool, at_warmup)
 
 

@@ -271,7 +271,9 @@ def _check_axes(sources, policies, capacities, host_capacities) -> None:
 def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: dict[str, list[int]], *,
           mode: str = "cache", warmup: float = 0.0, workers: int | None = None, backend: str = "process",
           host_capacities: Sequence[int] = (0,), host_policy: str = "lru", transfer_cost=None, gate: bool = False,
-          remote_capacity: int = 0, remote_bytes_per_s: float | None = None,
+          remote_capacity: int = 0, remote_bytes_per_s: float | None = None, disk_capacity: int = 0,
+          disk_mode: str = "write-through", disk_read_bytes_per_s: float | None = None,
+          disk_write_bytes_per_s: float | None = None,
           on_done: Callable[[dict], None] | None = None) -> list[dict]:
     """Replay every (trace, policy, capacity, host capacity); returns result dicts in a stable order.
 
@@ -280,7 +282,7 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
     Ray workers do not fork, so plug-ins reach them as entry points). ``workers``: processes of
     the local pool, or the CPUs of a local Ray (a Ray cluster brings its own). ``host_capacities``
     sweeps the host tier below each device capacity (0: none); ``transfer_cost``, ``gate``,
-    ``remote_capacity`` and ``remote_bytes_per_s`` as in ``replay``."""
+    ``remote_capacity``, ``remote_bytes_per_s`` and the ``disk_*`` options as in ``replay``."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     bad = [p for p in policies if not isinstance(p, str)]
@@ -298,6 +300,9 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
     options = dict(mode=mode, warmup=warmup, host_policy=host_policy, transfer_cost=transfer_cost, gate=gate)
     if remote_capacity:
         options.update(remote_capacity=remote_capacity, remote_bytes_per_s=remote_bytes_per_s)
+    if disk_capacity:
+        options.update(disk_capacity=disk_capacity, disk_mode=disk_mode, disk_read_bytes_per_s=disk_read_bytes_per_s,
+                       disk_write_bytes_per_s=disk_write_bytes_per_s)
     # Trace by trace, so that a process loads each trace once and holds one at a time (ordering all
     # cells by capacity alone cycled every process through every trace once per capacity: with more
     # traces than it kept, each cell reloaded its trace). Within a trace, biggest caches first: they

@@ -67,6 +67,12 @@ def header_size(fp: Fingerprint, content_len: int = 0) -> int:
     return _FIXED.size + 2 * fp.hash_size + content_len + _CHECK.size
 
 
+def value_size(block_bytes: int, block_size: int, hash_size: int = 16) -> int:
+    """Bytes a stored block of a token prompt takes (header, its token ids, payload, checksum): what
+    a disk or Redis tier's capacity is spent on, per block."""
+    return _FIXED.size + 2 * hash_size + 4 * block_size + _CHECK.size + block_bytes
+
+
 _BYTES = (bytes, bytearray, memoryview)
 
 

@@ -25,6 +25,8 @@ No torch and no redis here: tensors are read through their own methods.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import struct
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -210,3 +212,42 @@ class Fingerprint:
             raise UnpinnedHashSeed()
         return cls(weights_digest(named_tensors), str(dtype), layers, kv_heads, head_dim, block_size, hash_seed,
                    hash_algorithm, tp_rank, tp_size, layout)
+
+
+def model_weights_digest(model) -> bytes:
+    """The digest of what shapes a torch model's KV bytes; reads every byte of its tensors.
+
+    Its ``state_dict`` (parameters and persistent buffers), its non-persistent buffers (Hugging
+    Face keeps the rotary frequencies there) and its ``config`` (rope theta and scaling, norm
+    eps: equal weights under another config compute other KV). A wrapper without a
+    ``state_dict`` of its own (``HFEngineModel``) is read through the model it wraps
+    (``hf_model``). Private config fields (``_name_or_path``, ``_attn_implementation``) and
+    ``transformers_version`` are left out: replicas of one checkpoint still agree."""
+    module = model if hasattr(model, "state_dict") else getattr(model, "hf_model", None)
+    state_dict = getattr(module, "state_dict", None)
+    if state_dict is None:
+        raise InvalidArgument("model", f"cannot read the weights of a {type(model).__name__} (no state_dict()); "
+                                       "pass weights= (prefixkv.tiers.fingerprint.weights_digest of its tensors)")
+    tensors = dict(state_dict())
+    named_buffers = getattr(module, "named_buffers", None)
+    if named_buffers is not None:
+        for name, buffer in named_buffers():
+            tensors.setdefault(name, buffer)
+    config = _config_text(getattr(module, "config", None) or getattr(model, "config", None))
+    if config is not None:
+        tensors["\0config"] = config
+    return weights_digest(tensors.items())
+
+
+def _config_text(config) -> bytes | None:
+    """A model config as canonical JSON bytes (None: no config to read)."""
+    if config is None:
+        return None
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        fields = dataclasses.asdict(config)
+    elif callable(getattr(config, "to_dict", None)):
+        fields = config.to_dict()
+    else:
+        return None
+    fields = {k: v for k, v in fields.items() if not str(k).startswith("_") and k != "transformers_version"}
+    return json.dumps(fields, sort_keys=True, default=repr).encode()

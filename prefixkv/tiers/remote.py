@@ -1,169 +1,56 @@
 """The remote tier: a shared Redis block store below the host tier (extras ``[redis]``, ``torch``).
 
-Replicas (and a restarted process) reuse each other's prefixes through it. It is
-reached *through the host tier*, so the manager never waits on the network:
+Replicas (and a restarted process) reuse each other's prefixes through it. What every store tier
+does (prefetch into the host tier, write-back after a step, verification) is
+``prefixkv.tiers.store_tier``'s; this module adds the Redis store and what is particular to a
+network store:
 
-* **Prefetch** (``prefetch(prompt)``, before the prompt is admitted): walk the
-  prompt's chain through the device pool and the host tier (read-only); past
-  their last hit, ask the store how far it continues the chain (one probe),
-  fetch those blocks (MGET; every value verified: checksums, fingerprint, hash
-  against key, parent against chain, dims, length, and the block's token ids),
-  copy the verified payloads into free host blocks and only then publish them in
-  the host tier. ``admit()`` then finds them as ordinary host hits and records
-  their loads, which run before the step's writes: admission only ever counts
-  blocks whose verified bytes are already in host memory. ``match()`` stays
-  read-only (a prefetch is the caller's explicit action). A prefetch that stages
-  blocks first runs the demotions pending in the manager (``take_demotions``, into
-  ``kv``): the host blocks it takes may be their destinations.
-* **Write-back** (``write_back()``, after a step): blocks the device published
-  from KV this process computed (``KVCacheManager.take_published``) are packed
-  from the device pool (one gather) and handed to the store's background
-  writer, which sends the ones the server lacks. The step never waits on
-  Redis: the queue is bounded and drops (counted) when full; ``flush()`` waits
-  (tests, shutdown). A block is packed only while the device still caches its
-  hash and, when the caller tracks unwritten KV (``manager.unwritten``, as the HF
-  cache does), once it is written.
-* **Failure**: every store call has 0.2 s timeouts and no retries, and a
-  circuit breaker; while it is open, prefetch and write-back cost a few
-  attribute reads and do nothing. Outputs never change: a block that is not
-  fetched and verified is computed.
+* **Failure**: every store call has 0.2 s timeouts and no retries, and a circuit breaker; while it
+  is open, prefetch and write-back cost a few attribute reads and do nothing. Outputs never change:
+  a block that is not fetched and verified is computed.
 
-Replicas share only when everything in the fingerprint agrees (weights digest,
-dtype, dims, block size, TP, layout, hash algorithm and seed): ``connect``
-refuses a manager whose hash seed is not pinned (``UnpinnedHashSeed``).
-Prompts of precomputed integer hashes (traces) are skipped: keys are built from
-the chained ``bytes`` hashes of token prompts.
-
-Threads: one caller thread (the engine's); the store has its own writer thread.
+Replicas share only when everything in the fingerprint agrees (weights digest, dtype, dims, block
+size, TP, layout, hash algorithm and seed).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import time
 from typing import Any
 
 from ..errors import InvalidArgument
-from ..checks import integer, seconds
-from .fingerprint import UnpinnedHashSeed, weights_digest
+from .fingerprint import model_weights_digest
 from .redis_net import masked_url
 from .redis_store import RedisBlockStore, RedisStoreConfig
-from .staging import StagingBuffer, fingerprint_for
+from .store_tier import StoreTier
 
-__all__ = ["RemoteTier", "MEDIUM", "model_weights_digest", "default_host_blocks"]
+__all__ = ["RemoteTier", "MEDIUM", "model_weights_digest"]   # the digest: from .fingerprint, as before
 
 MEDIUM = "REMOTE"
 
-_COUNTERS = ("prefetches", "prefetch_probes", "probed_blocks", "staged_blocks", "staged_bytes",
-             "prefetch_skipped_down", "write_backs", "offered_blocks", "queued_blocks", "stale_blocks",
-             "held_unwritten", "dropped_unwritten", "write_back_skipped_down")
-
-
-def model_weights_digest(model) -> bytes:
-    """The digest of what shapes a torch model's KV bytes; reads every byte of its tensors.
-
-    Its ``state_dict`` (parameters and persistent buffers), its non-persistent buffers (Hugging
-    Face keeps the rotary frequencies there) and its ``config`` (rope theta and scaling, norm
-    eps: equal weights under another config compute other KV). A wrapper without a
-    ``state_dict`` of its own (``HFEngineModel``) is read through the model it wraps
-    (``hf_model``). Private config fields (``_name_or_path``, ``_attn_implementation``) and
-    ``transformers_version`` are left out: replicas of one checkpoint still agree."""
-    module = model if hasattr(model, "state_dict") else getattr(model, "hf_model", None)
-    state_dict = getattr(module, "state_dict", None)
-    if state_dict is None:
-        raise InvalidArgument("model", f"cannot read the weights of a {type(model).__name__} (no state_dict()); "
-                                       "pass weights= (prefixkv.tiers.fingerprint.weights_digest of its tensors)")
-    tensors = dict(state_dict())
-    named_buffers = getattr(module, "named_buffers", None)
-    if named_buffers is not None:
-        for name, buffer in named_buffers():
-            tensors.setdefault(name, buffer)
-    config = _config_text(getattr(module, "config", None) or getattr(model, "config", None))
-    if config is not None:
-        tensors["\0config"] = config
-    return weights_digest(tensors.items())
-
-
-def _config_text(config) -> bytes | None:
-    """A model config as canonical JSON bytes (None: no config to read)."""
-    if config is None:
-        return None
-    if dataclasses.is_dataclass(config) and not isinstance(config, type):
-        fields = dataclasses.asdict(config)
-    elif callable(getattr(config, "to_dict", None)):
-        fields = config.to_dict()
-    else:
-        return None
-    fields = {k: v for k, v in fields.items() if not str(k).startswith("_") and k != "transformers_version"}
-    return json.dumps(fields, sort_keys=True, default=repr).encode()
-
-
-def default_host_blocks(num_blocks: int) -> int:
-    """The host tier a remote tier gets when none is sized: twice the device pool. The remote
-    tier stages a prompt's fetched blocks there before admission, so it must hold at least one
-    admissible prompt's blocks (at most the device pool) beside the host tier's own cache."""
-    return 2 * num_blocks
-
-
-def _check_options(max_prefetch_blocks, staging_blocks, max_held) -> tuple:
-    if max_prefetch_blocks is not None:
-        max_prefetch_blocks = integer("max_prefetch_blocks", max_prefetch_blocks, low=1)
-    # a negative max_held deleted more held records than there were and counted them as dropped
-    return max_prefetch_blocks, integer("staging_blocks", staging_blocks, low=1), integer("max_held", max_held, low=0)
-
-
-def _check_manager(manager, kv) -> None:
-    host = manager.host
-    if host is None or not host.cache:
-        raise InvalidArgument("manager", "a remote tier stages blocks in the host tier: build the manager with "
-                                         "num_host_blocks > 0 and host_cache=True")
-    if manager.pool.verify:
-        raise InvalidArgument("manager", "a manager with verify=True takes no host-tier hits, so a remote tier "
-                                         "could serve nothing; the remote tier verifies every block's token ids "
-                                         "itself: use verify=False")
-    if not manager.enable_caching:
-        raise InvalidArgument("manager", "a remote tier needs prefix caching (enable_caching=True)")
-    if kv.host is None or kv.num_host_blocks != manager.num_host_blocks:
-        raise InvalidArgument("kv", f"the KV store's host pool ({kv.num_host_blocks} blocks) must match the "
-                                    f"manager's num_host_blocks ({manager.num_host_blocks}): "
-                                    "kv.allocate_host(num_host_blocks)")
-
-
-class RemoteTier:
+class RemoteTier(StoreTier):
     """A ``RedisBlockStore`` as the tier below ``manager``'s host tier, staging through ``kv.host``."""
 
     name = MEDIUM
-    synchronous = False
 
-    def __init__(self, store: RedisBlockStore, manager, kv, *, max_prefetch_blocks: int | None = None,
-                 staging_blocks: int = 64, max_held: int = 4096) -> None:
-        """``store`` must be built for ``kv``'s blocks and ``manager``'s hashing (``connect`` does it).
-        ``max_prefetch_blocks``: blocks one prefetch may stage (None: the host tier's capacity);
-        ``staging_blocks``: the pack/unpack buffer; ``max_held``: published blocks whose KV is not
-        yet written kept for a later write-back (beyond: dropped and counted)."""
-        max_prefetch_blocks, staging_blocks, max_held = _check_options(max_prefetch_blocks, staging_blocks, max_held)
-        _check_manager(manager, kv)
-        fp, hasher = store.fingerprint, manager.hasher
-        if (fp.block_size, fp.hash_seed, fp.hash_algorithm) != (hasher.block_size, hasher.seed, hasher.algorithm):
-            raise InvalidArgument("store", f"its fingerprint hashes blocks of {fp.block_size} with seed "
-                                           f"{fp.hash_seed} ({fp.hash_algorithm}); the manager: {hasher.block_size}, "
-                                           f"{hasher.seed} ({hasher.algorithm})")
-        self.staging = StagingBuffer(kv, staging_blocks)
-        if fp.block_bytes != self.staging.block_bytes:
-            raise InvalidArgument("store", f"its fingerprint has {fp.block_bytes}-byte blocks; the KV store's are "
-                                           f"{self.staging.block_bytes}")
-        host = manager.host
-        self.store = store
-        self.manager = manager
-        self.kv = kv
-        self.max_prefetch_blocks = max_prefetch_blocks or host.capacity_blocks
-        self.max_held = max_held
-        self._held: list[tuple] = []           # published, KV not yet written (manager.unwritten)
-        self._count = dict.fromkeys(_COUNTERS, 0)
-        self.slowest_prefetch_s = 0.0
-        self.slowest_write_back_s = 0.0
-        manager.record_published()
+    def __init__(self, store, manager=None, kv=None, *, config: RedisStoreConfig | None = None,
+                 **options: Any) -> None:
+        """``RemoteTier(url, config=...)``: a tier for a manager's stack, opened by
+        ``manager.tiers.bind(kv, weights=...)``. ``RemoteTier(store, manager, kv)``: over a
+        ``RedisBlockStore`` built for ``kv``'s blocks and ``manager``'s hashing (``connect`` does
+        it), bound now. ``options``: ``StoreTier``'s (``max_prefetch_blocks``,
+        ``staging_blocks``, ``max_held``)."""
+        super().__init__(**options)
+        if isinstance(store, str):
+            if manager is not None or kv is not None:
+                raise InvalidArgument("store", "RemoteTier(url) is bound later (manager.tiers.bind); to bind now "
+                                               "use RemoteTier.connect(url, manager, kv, weights=...)")
+            masked_url(store)
+            self.url, self.config = store, config
+            return
+        if manager is None or kv is None:
+            raise InvalidArgument("manager", "RemoteTier(store, manager, kv): a store needs its manager and KV store")
+        self.url, self.config = store.url, store.config
+        self._attach(store, manager, kv)
 
     @classmethod
     def connect(cls, url: str, manager, kv, *, weights: bytes, config: RedisStoreConfig | None = None,
@@ -171,201 +58,18 @@ class RemoteTier:
         """A store at ``url`` (``redis://host:port/db``, ``unix:///path.sock``, ``redis+cluster://h:p,h:p``)
         for ``kv``'s blocks under ``manager``'s hashing. ``weights``: ``model_weights_digest(model)``.
         Makes no round trip (a cluster URL reads the slot map, bounded by the timeouts)."""
-        if not getattr(manager, "hash_seed_pinned", False):
-            raise UnpinnedHashSeed()
-        # everything the tier would refuse is refused before the store starts its thread
-        _check_options(kwargs.get("max_prefetch_blocks"), kwargs.get("staging_blocks", 64),
-                       kwargs.get("max_held", 4096))
-        _check_manager(manager, kv)
-        hasher = manager.hasher
-        fp = fingerprint_for(kv, weights, hash_seed=hasher.seed, hash_algorithm=hasher.algorithm,
-                             tp_rank=tp_rank, tp_size=tp_size)
-        if fp.block_size != hasher.block_size:
-            raise InvalidArgument("kv", f"the KV store's block size {fp.block_size} differs from the manager's "
-                                        f"{hasher.block_size}")
-        store = RedisBlockStore(url, fp, config)
-        try:
-            return cls(store, manager, kv, **kwargs)
-        except BaseException:
-            store.close(flush_timeout_s=0.0)
-            raise
+        return cls(url, config=config, **kwargs).bind(manager, kv, weights=weights, tp_rank=tp_rank, tp_size=tp_size)
 
-    # -- the tier protocol -----------------------------------------------------------
-    @property
-    def capacity_blocks(self) -> int | None:
-        """Unknown without a round trip (the server's ``maxmemory`` decides): ``store.capacity_blocks()``."""
-        return None
+    def _open_store(self, fingerprint) -> RedisBlockStore:
+        return RedisBlockStore(self.url, fingerprint, self.config)
 
-    def count_leading(self, hashes, start: int = 0) -> int:
-        """Leading blocks of ``hashes[start:]`` the server holds now (one probe; 0 when unreachable
-        or for non-``bytes`` hashes). A hint: only ``prefetch`` makes blocks usable."""
-        if start >= len(hashes) or not isinstance(hashes[start], bytes):
-            return 0
-        return self.store.probe(hashes, start)
+    def _where(self) -> dict:
+        return dict(url=masked_url(self.url))
 
-    def stats(self) -> dict:
-        out = dict(self._count, held=len(self._held), slowest_prefetch_s=self.slowest_prefetch_s,
-                   slowest_write_back_s=self.slowest_write_back_s, url=masked_url(self.store.url),
-                   fingerprint=self.store.fingerprint.hex)
-        store = self.store.stats()
-        out.update({f"store_{name}": getattr(store, name) for name in store.__slots__})
-        return out
-
-    # -- reads: prefetch into the host tier ------------------------------------------------
-    def prefetch(self, prompt, *, compute_last_token: bool = True) -> int:
-        """Stage the remote continuation of ``prompt``'s cached chain in the host tier, verified.
-
-        ``prompt``: the manager's ``Prompt`` (``manager.prompt(tokens, ...)``). Returns the blocks
-        staged; ``admit`` (with the same ``compute_last_token``) then counts them as host hits.
-        Never raises for network trouble (a miss); leaves the device pool untouched.
-        """
-        mgr = self.manager
-        if prompt.tokens is None or not mgr.takes_lower_hits:
-            return 0
-        size = mgr.block_size
-        hashes = prompt.block_hashes()
-        limit = min((prompt.num_tokens - 1 if compute_last_token else prompt.num_tokens) // size, len(hashes))
-        if limit <= 0:
-            return 0
-        t0 = time.perf_counter()
-        self._count["prefetches"] += 1
-        try:
-            return self._prefetch(prompt, hashes, limit)
-        finally:
-            self.slowest_prefetch_s = max(self.slowest_prefetch_s, time.perf_counter() - t0)
-
-    def _prefetch(self, prompt, hashes, limit: int) -> int:
-        mgr = self.manager
-        host = mgr.host.pool
-        # The chain as the device and the host tier hold it now (as admit() will walk it).
-        in_device, in_host = mgr.pool.lookup, host.lookup
-        start, held = 0, []
-        while start < limit:
-            h = hashes[start]
-            if in_device(h) is None:
-                block = in_host(h)
-                if block is None:
-                    break
-                held.append(block)
-            start += 1
-        if start >= limit:
-            return 0
-        if self.store.topology.all_down():      # breaker open: no network, no work
-            self._count["prefetch_skipped_down"] += 1
-            return 0
-        # Hold the chain's host blocks while staging: the allocation below must not evict them.
-        host.acquire_hits(held)
-        staged: list[int] = []
-        try:
-            room = min(limit - start, self.max_prefetch_blocks, host.num_free)
-            if room <= 0:
-                return 0
-            chain = hashes[:start + room]
-            self._count["prefetch_probes"] += 1
-            found = self.store.probe(chain, start)
-            self._count["probed_blocks"] += found
-            if not found:
-                return 0
-            contents = [mgr.hasher.block_content(prompt.tokens, i, prompt.extra)
-                        for i in range(start, start + found)]
-            got = self.store.fetch(chain, start, start + found, contents)
-            n = got.count
-            if not n:
-                return 0
-            # Demotions the manager recorded since the caller's last transfer copy device blocks into
-            # host blocks that are already evictable; the allocation below may take those blocks,
-            # and the copy, run later, would overwrite the staged bytes under their new hashes. Run
-            # them now: they come first in a step's transfers anyway (before loads, copies, writes).
-            demotions = mgr.take_demotions()
-            if demotions:
-                self.kv.demote(demotions)
-            # Bytes first, then the hashes: a host block is published only holding verified KV.
-            staged = host.allocate(n)
-            self.staging.unpack_host(staged, got.payloads)
-            num_tokens = host.num_tokens
-            extra = prompt.extra if host.events is not None else None
-            for j, block in enumerate(staged):
-                i = start + j
-                num_tokens[block] = mgr.block_size
-                host.publish(block, hashes[i], hashes[i - 1] if i else None, i, None, extra)
-            self._count["staged_blocks"] += n
-            self._count["staged_bytes"] += n * self.staging.block_bytes
-            return n
-        finally:
-            # tail first, as the manager releases: the prefix stays the most recently used
-            host.release([*reversed(staged), *reversed(held)])
-
-    # -- writes: back to the store after a step -------------------------------------------
-    def write_back(self) -> int:
-        """Queue the blocks published from computed KV since the last call; returns blocks queued.
-
-        Call after a step whose KV writes have run (the engine does, after each step); never waits
-        on the network. A block no longer cached under its hash is skipped (``stale_blocks``)."""
-        records = self.manager.take_published()
-        if self._held:
-            records, self._held = self._held + records, []
-        if not records:
-            return 0
-        t0 = time.perf_counter()
-        self._count["write_backs"] += 1
-        try:
-            return self._write_back(records)
-        finally:
-            self.slowest_write_back_s = max(self.slowest_write_back_s, time.perf_counter() - t0)
-
-    def _write_back(self, records: list[tuple]) -> int:
-        if self.store.topology.all_down():      # breaker open: nothing packed, nothing sent
-            self._count["write_back_skipped_down"] += len(records)
-            return 0
-        block_hash = self.manager.pool.block_hash
-        unwritten = self.manager.unwritten
-        ready, seen = [], set()
-        for record in records:
-            block, hashes, i, tokens, _ = record
-            h = hashes[i]
-            if tokens is None or not isinstance(h, bytes) or block_hash[block] != h or h in seen:
-                self._count["stale_blocks"] += 1
-                continue
-            if block in unwritten:
-                self._held.append(record)
-                continue
-            seen.add(h)
-            ready.append(record)
-        if len(self._held) > self.max_held:
-            drop = len(self._held) - self.max_held
-            self._count["dropped_unwritten"] += drop
-            del self._held[:drop]
-        self._count["held_unwritten"] = len(self._held)
-        self._count["offered_blocks"] += len(ready)
-        queued = 0
-        hasher = self.manager.hasher
-        for at in range(0, len(ready), self.staging.capacity):
-            chunk = ready[at:at + self.staging.capacity]
-            payloads = self.staging.pack([r[0] for r in chunk])
-            # one put per run of consecutive blocks of one chain (one sequence's hashes list)
-            a = 0
-            while a < len(chunk):
-                b = a + 1
-                while b < len(chunk) and chunk[b][1] is chunk[a][1] and chunk[b][2] == chunk[b - 1][2] + 1:
-                    b += 1
-                _, hashes, first, tokens, extra = chunk[a]
-                contents = [hasher.block_content(tokens, first + j, extra) for j in range(b - a)]
-                queued += self.store.put(hashes, first, payloads[a:b], contents)
-                a = b
-        self._count["queued_blocks"] += queued
-        return queued
-
-    # -- lifetime ------------------------------------------------------------------------
-    def flush(self, timeout_s: float = 10.0) -> bool:
-        """Wait until every queued write has been sent (or dropped); False on timeout."""
-        return self.store.flush(timeout_s)
-
-    def close(self, flush_timeout_s: float = 5.0) -> None:
-        """Send what is queued (bounded), stop the store's thread, stop recording published blocks."""
-        seconds("flush_timeout_s", flush_timeout_s, zero=True)
-        self.manager.record_published(False)
-        self._held.clear()
-        self.store.close(flush_timeout_s)
+    def _down(self) -> bool:
+        return self.store.topology.all_down()
 
     def __repr__(self) -> str:
+        if self.store is None:
+            return f"RemoteTier({masked_url(self.url)!r}, unbound)"
         return f"RemoteTier({masked_url(self.store.url)!r}, fingerprint={self.store.fingerprint.hex[:12]}…)"

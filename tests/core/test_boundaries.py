@@ -271,3 +271,14 @@ def test_a_manager_runs_where_numba_is_missing():
     pool, loaded = out.stdout.split(maxsplit=1)
     # the dict index serves; the flat index's package may load (it reports numba missing), numba not
     assert pool == "BlockPool" and loaded.strip() in ("[]", "['prefixkv.flat']"), out.stdout
+
+
+def test_the_core_imports_no_tier_module_even_lazily():
+    """The manager drives its host tier (``prefixkv.host_tier``, in the core) and knows the tiers below
+    it only through the protocol ``prefixkv.tier_stack`` calls: no top-level module but the command
+    line imports ``prefixkv.tiers``, at load time or inside a function."""
+    wrong = [f"{p.relative_to(ROOT)}:{line} imports {name}"
+             for p in sorted(PACKAGE.glob("*.py")) if p.stem not in ("cli", "__main__")
+             for name, line, _ in _imports(p, at_import=False)
+             if name == "prefixkv.tiers" or name.startswith("prefixkv.tiers.")]
+    assert wrong == []
