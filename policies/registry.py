@@ -17,16 +17,24 @@ from typing import Callable
 from .arc import ARCPolicy
 from .base import EvictionPolicy
 from .belady import BeladyPolicy
+from .car import CARPolicy
+from .clock import ClockPolicy
 from .fifo import FIFOPolicy
 from .gdsf import GDSFPolicy
 from .leaf_lru import LeafLRUPolicy
+from .lecar import LeCaRPolicy
 from .lfu import LFUPolicy
+from .lirs import LIRSPolicy
 from .lru import LRUPolicy
 from .lrfu import LRFUPolicy
+from .mq import MQPolicy
 from .s3fifo import S3FIFOPolicy
 from .session import SessionPolicy
+from .sieve import SievePolicy
 from .slru import SLRUPolicy
+from .twoq import TwoQPolicy
 from .workload import WorkloadPolicy
+from .wtinylfu import WTinyLFUPolicy
 
 ENTRY_POINT_GROUP = "prefixkv.policies"
 
@@ -42,6 +50,15 @@ _BUILTIN: dict[str, Callable[..., EvictionPolicy]] = {
     "workload": WorkloadPolicy,
     "lrfu": LRFUPolicy,
     "session": SessionPolicy,
+    # the classics of the eviction literature (issue 28), for comparison
+    "sieve": SievePolicy,
+    "clock": ClockPolicy,
+    "2q": TwoQPolicy,
+    "mq": MQPolicy,
+    "car": CARPolicy,
+    "lirs": LIRSPolicy,
+    "wtinylfu": WTinyLFUPolicy,
+    "lecar": LeCaRPolicy,
     "belady": BeladyPolicy,
 }
 

@@ -607,7 +607,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.cli import add_bench_command
     from .fleet.cli import add_fleet_command
     from .tiers.cli import add_tier_command
+    from .sim.export import add_trace_command
     add_generate_command(sub)
+    add_trace_command(sub)
     add_bench_command(sub)
     add_fleet_command(sub)
     add_tier_command(sub)
