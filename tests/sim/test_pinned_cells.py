@@ -1,0 +1,52 @@
+"""Issue 28: hit counts of existing policies on the shared traces, pinned before the replay loop
+was compiled (measured at 1ccc40d with the manager's replay), so that no change to the replay moves
+them. A trace that is not on this machine is skipped."""
+
+from pathlib import Path
+
+import pytest
+
+from prefixkv.sim.replay import replay
+from prefixkv.sim.traces import load_trace
+
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+if not TRACES.is_dir():
+    TRACES = Path("/work/shared/traces")
+
+# (trace, capacity at 5% of its distinct blocks, policy): block_hits, hit_tokens, evictions,
+# block_insertions, blocks_never_reused (cache mode, no warm-up)
+PINNED = {
+    ("conversation_trace.jsonl", 9140, "lru"): (56483, 28902725, 222877, 232017, 202554),
+    ("conversation_trace.jsonl", 9140, "fifo"): (50581, 25883294, 227527, 236667, 203237),
+    ("conversation_trace.jsonl", 9140, "lfu"): (58466, 29918199, 220894, 230034, 202791),
+    ("conversation_trace.jsonl", 9140, "slru"): (51330, 26267934, 228030, 237170, 222851),
+    ("conversation_trace.jsonl", 9140, "s3fifo"): (55077, 28191516, 224283, 233423, 218569),
+    ("conversation_trace.jsonl", 9140, "arc"): (60528, 30974923, 218832, 227972, 203412),
+    ("synthetic_trace.jsonl", 2196, "lru"): (19087, 9765587, 100594, 102790, 90884),
+    ("synthetic_trace.jsonl", 2196, "fifo"): (18429, 9428998, 101246, 103442, 90824),
+    ("synthetic_trace.jsonl", 2196, "lfu"): (19178, 9813456, 100503, 102699, 91987),
+    ("synthetic_trace.jsonl", 2196, "slru"): (19170, 9808147, 100511, 102707, 95657),
+    ("synthetic_trace.jsonl", 2196, "s3fifo"): (18517, 9476170, 101072, 103268, 96848),
+    ("synthetic_trace.jsonl", 2196, "arc"): (19928, 10195427, 99668, 101864, 91900),
+    ("synthetic_trace.jsonl", 2196, "gdsf"): (21025, 10760867, 98656, 100852, 91313),
+    ("synthetic_trace.jsonl", 2196, "belady"): (47568, 24327784, 72113, 74309, 50707),
+}
+FIELDS = ("block_hits", "hit_tokens", "evictions", "block_insertions", "blocks_never_reused")
+
+_loaded: dict = {}
+
+
+def shared_trace(name: str):
+    path = TRACES / name
+    if not path.exists():
+        pytest.skip(f"shared trace {path} is not on this machine")
+    if name not in _loaded:
+        _loaded[name] = load_trace(path)
+    return _loaded[name]
+
+
+@pytest.mark.parametrize("cell", sorted(PINNED), ids=lambda c: f"{c[0].split('_')[0]}-{c[2]}-{c[1]}")
+def test_pinned_cell_is_unchanged(cell):
+    name, capacity, policy = cell
+    result = replay(shared_trace(name), policy, capacity)
+    assert tuple(getattr(result, f) for f in FIELDS) == PINNED[cell]
