@@ -1,6 +1,7 @@
 """Issue 28: hit counts of existing policies on the shared traces, pinned before the replay loop
 was compiled (measured at 1ccc40d with the manager's replay), so that no change to the replay moves
-them. A trace that is not on this machine is skipped."""
+them: the manager's replay (``engine="general"``) and, for the policies it runs, the compiled loop
+both give them. A trace that is not on this machine is skipped."""
 
 from pathlib import Path
 
@@ -45,8 +46,21 @@ def shared_trace(name: str):
     return _loaded[name]
 
 
-@pytest.mark.parametrize("cell", sorted(PINNED), ids=lambda c: f"{c[0].split('_')[0]}-{c[2]}-{c[1]}")
-def test_pinned_cell_is_unchanged(cell):
+def _compiled(policy: str) -> bool:
+    try:
+        from prefixkv.sim.fastreplay import COMPILED
+    except ImportError:         # no numba: the general path is the only one
+        return False
+    return policy in COMPILED
+
+
+CELLS = [(cell, engine) for cell in sorted(PINNED) for engine in ("general", "compiled")
+         if engine == "general" or _compiled(cell[2])]
+
+
+@pytest.mark.parametrize("cell,engine", CELLS, ids=lambda c: c if isinstance(c, str) else f"{c[0].split('_')[0]}-{c[2]}-{c[1]}")
+def test_pinned_cell_is_unchanged(cell, engine):
     name, capacity, policy = cell
-    result = replay(shared_trace(name), policy, capacity)
+    result = replay(shared_trace(name), policy, capacity, engine=engine)
+    assert result.engine == engine
     assert tuple(getattr(result, f) for f in FIELDS) == PINNED[cell]
