@@ -104,3 +104,21 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int) -> tuple[np.
     replay_cache(kind, arrays.offsets, arrays.ids, arrays.total_blocks, capacity, warm, ip, fp, ends, gends,
                  prev, nxt, where, ival, fval, kt, heap, pos, gprev, gnxt, gwhere, hits, counters)
     return hits, counters
+
+
+_warmed = False
+
+
+def warm() -> None:
+    """Load the compiled loop (from numba's cache, or compile it: seconds) with one tiny replay, so
+    that this happens once per process and before a replay's clock starts; a sweep calls it
+    before its workers fork, so that they inherit the loaded code."""
+    global _warmed
+    if _warmed:
+        return
+    from .blockarrays import BlockArrays
+
+    one = np.ones(1, np.int64)
+    tiny = BlockArrays(np.array([0, 1], np.int64), np.zeros(1, np.int32), 1, one, one, one * 4, one * 4)
+    run(tiny, LRU, {}, 1, 0)
+    _warmed = True

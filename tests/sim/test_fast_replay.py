@@ -149,3 +149,25 @@ def test_a_loaded_trace_is_converted_once(tmp_path):
     hand = Trace(list(trace.requests), trace.block_size)
     replay(hand, "lru", 4)
     assert not hand.block_arrays_cache
+
+
+def test_a_sweep_worker_converts_its_trace_once(tmp_path, monkeypatch):
+    import prefixkv.sim.blockarrays as blockarrays_mod
+    from prefixkv.sim import sweep as sweep_mod
+    from prefixkv.sim.sweep import TraceSource, sweep
+    from prefixkv.sim.workloads import WorkloadConfig, generate_requests
+    from prefixkv.sim.traces import write_token_trace
+
+    path = tmp_path / "tokens.jsonl"
+    write_token_trace(path, generate_requests(WorkloadConfig(num_requests=40)), block_size=16)
+    calls = []
+    convert = blockarrays_mod.block_arrays
+    monkeypatch.setattr(blockarrays_mod, "block_arrays", lambda *a, **k: calls.append(1) or convert(*a, **k))
+    source = TraceSource("tokens", (str(path),), "tokens")
+    results = sweep([source], ["lru", "fifo", "arc"], {"tokens": [16, 64, 256]}, workers=1)
+    assert len(results) == 9 and len(calls) == 1          # a token trace: hashed once for nine cells
+    held = sweep_mod._held[1]
+    assert held.frozen and list(held.block_arrays_cache) == [0]
+    # the general path gives the same cells
+    general = [replay(held, r["policy"], r["capacity"], engine="general").as_dict() for r in results]
+    assert [{k: v for k, v in r.items() if k != "trace"} for r in results] == general
