@@ -336,9 +336,11 @@ def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends,
     arrays come initialised from ``CompiledReplay``."""
     num_requests = offsets.shape[0] - 1
     blocks = prev.shape[0]      # the most blocks ever handed out (``CompiledReplay``): <= capacity
-    block_of_id = np.full(gwhere.shape[0], -1, np.int64)
-    id_of_block = np.full(blocks, -1, np.int64)
-    free = np.empty(blocks, np.int64)
+    # int32 where the counts fit (``fastreplay.run`` picks the links' width): the id -> block map
+    # is read at random across the trace's distinct ids, so its width is cache misses
+    block_of_id = np.full(gwhere.shape[0], -1, prev.dtype)
+    id_of_block = np.full(blocks, -1, ids.dtype)
+    free = np.empty(blocks, prev.dtype)
     free_top = 0
     fresh = 0
     reused = np.zeros(blocks, np.uint8)

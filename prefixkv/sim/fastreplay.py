@@ -85,8 +85,9 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int) -> tuple[np.
     ends = np.zeros((3, 3), np.int64)
     ends[:, :2] = NONE
     gends = ends.copy()
-    prev = np.full(blocks, NONE, np.int64)
-    nxt = np.full(blocks, NONE, np.int64)
+    links = np.int32 if blocks < 2**31 - 1 else np.int64     # block ids: 4 bytes where they fit
+    prev = np.full(blocks, NONE, links)
+    nxt = np.full(blocks, NONE, links)
     where = np.full(blocks, -1, np.int8)
     ival = np.zeros(blocks, np.int64)
     fval = np.zeros(blocks, np.float64)
