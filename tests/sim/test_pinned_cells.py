@@ -31,7 +31,17 @@ PINNED = {
     ("synthetic_trace.jsonl", 2196, "arc"): (19928, 10195427, 99668, 101864, 91900),
     ("synthetic_trace.jsonl", 2196, "gdsf"): (21025, 10760867, 98656, 100852, 91313),
     ("synthetic_trace.jsonl", 2196, "belady"): (47568, 24327784, 72113, 74309, 50707),
+    # measured at 1ccc40d too (the manager's replay: 1.7 s for lru, 12-35 s for the others here)
+    ("weka-kv-cache-tester-more", 16114, "lru"): (2024102, 129542528, 3553908, 3570022, 2940821),
+    ("weka-kv-cache-tester-more", 16114, "fifo"): (1814501, 116128064, 3736768, 3752882, 3032304),
+    ("weka-kv-cache-tester-more", 16114, "lfu"): (2077815, 132980160, 3485860, 3501974, 3000410),
+    ("weka-kv-cache-tester-more", 16114, "slru"): (2208976, 141374464, 3369034, 3385148, 2961399),
+    ("weka-kv-cache-tester-more", 16114, "s3fifo"): (1872388, 119832832, 3569850, 3585964, 3213550),
+    ("weka-kv-cache-tester-more", 16114, "arc"): (2113394, 135257216, 3454357, 3470471, 2839475),
 }
+# The manager's replay of these cells takes 12-35 s each: the compiled loop alone checks them
+# (lru runs on both, and the lockstep tests compare the two paths).
+GENERAL_TOO_SLOW = {cell for cell in PINNED if cell[0].startswith("weka") and cell[2] != "lru"}
 FIELDS = ("block_hits", "hit_tokens", "evictions", "block_insertions", "blocks_never_reused")
 
 _loaded: dict = {}
@@ -55,10 +65,10 @@ def _compiled(policy: str) -> bool:
 
 
 CELLS = [(cell, engine) for cell in sorted(PINNED) for engine in ("general", "compiled")
-         if engine == "general" or _compiled(cell[2])]
+         if (engine == "general" and cell not in GENERAL_TOO_SLOW) or (engine == "compiled" and _compiled(cell[2]))]
 
 
-@pytest.mark.parametrize("cell,engine", CELLS, ids=lambda c: c if isinstance(c, str) else f"{c[0].split('_')[0]}-{c[2]}-{c[1]}")
+@pytest.mark.parametrize("cell,engine", CELLS, ids=lambda c: c if isinstance(c, str) else f"{c[0].split('_')[0].split('-')[0]}-{c[2]}-{c[1]}")
 def test_pinned_cell_is_unchanged(cell, engine):
     name, capacity, policy = cell
     result = replay(shared_trace(name), policy, capacity, engine=engine)
