@@ -76,11 +76,15 @@ class ReplayResult:
     remote_block_hits: int = 0         # of block_hits, fetched from the remote tier (through the host tier)
     disk_block_hits: int = 0           # of block_hits, read from the disk tier (through the host tier)
     extra: dict = field(default_factory=dict)
-    # Wall seconds of the replay itself (prompts from the loaded trace, the requests, the final
-    # checks); the trace's loading is not in it. Not part of the result's value: equality and
+    # Wall seconds of the replay itself (prompts from the loaded trace, or its conversion to arrays,
+    # the requests, the final checks); the trace's loading is not in it, nor the loading of the
+    # compiled loop (``fastreplay.warm``: once per process, as an import). Not part of the result's value: equality and
     # ``as_dict()`` leave it out (sweeps compare results across backends), ``as_dict(timing=True)``
     # reports it.
     replay_s: float = field(default=0.0, compare=False)
+    # Which loop ran it: "compiled" (``prefixkv.sim.fastreplay``) or "general" (the real manager).
+    # Both give the same result, so it is left out of equality and of ``as_dict()``.
+    engine: str = field(default="general", compare=False)
 
     @property
     def block_hit_rate(self) -> float:
@@ -106,6 +110,7 @@ class ReplayResult:
     def as_dict(self, *, timing: bool = False) -> dict[str, Any]:
         out = asdict(self)
         replay_s = out.pop("replay_s")
+        del out["engine"]
         if timing:
             out["replay_s"] = replay_s
         out.update(block_hit_rate=self.block_hit_rate, token_hit_rate=self.token_hit_rate)
@@ -230,8 +235,8 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
            host_capacity: int = 0, host_policy: str | Any = "lru", host_inclusive: bool = False,
            transfer_cost=None, gate: bool = False, remote_capacity: int = 0,
            remote_bytes_per_s: float | None = None, disk_capacity: int = 0, disk_mode: str = "write-through",
-           disk_read_bytes_per_s: float | None = None,
-           disk_write_bytes_per_s: float | None = None) -> ReplayResult:
+           disk_read_bytes_per_s: float | None = None, disk_write_bytes_per_s: float | None = None,
+           engine: str = "auto", block_arrays=None) -> ReplayResult:
     """Replay ``trace`` with ``policy`` at ``capacity`` blocks; see the module doc.
 
     ``disk_capacity`` models a local disk tier below the host tier and above the remote one (cache
@@ -243,7 +248,14 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
     ``remote_capacity`` models a shared remote tier below the host tier (cache mode;
     ``prefixkv.sim.remote_model``): a host tier is needed to stage its blocks (when none is
     given, one the size of the largest request stages them). ``remote_bytes_per_s`` prices its
-    reads and writes (``remote_transfer_s``)."""
+    reads and writes (``remote_transfer_s``).
+
+    ``engine``: ``"auto"`` runs a built-in policy named by a string, in cache mode without tiers,
+    in the compiled loop (``prefixkv.sim.fastreplay``, where numba is installed) and everything
+    else through the real manager; ``"general"`` always takes the manager, ``"compiled"`` refuses
+    (ValueError) what the compiled loop cannot run. Both give the same result. ``block_arrays``:
+    ``trace`` already converted (``blockarrays.block_arrays(trace, hash_seed)``; a sweep converts
+    each trace once per worker)."""
     started = time.perf_counter()
     # Everything is checked before the policy is made or bound: a policy object serves one pool,
     # so a replay refused after building its manager would have used the caller's object up.
@@ -263,6 +275,26 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
         raise ValueError("the load gate needs a transfer_cost (a PreemptionCostModel)")
     if remote_capacity and mode != "cache":
         raise ValueError("a remote tier is modelled in cache mode only")
+    if engine not in ENGINES:
+        raise InvalidArgument("engine", f"must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine != "general":
+        why_not = _why_not_compiled(policy, mode, host_capacity, remote_capacity or disk_capacity, gate)
+        plan = None
+        if why_not is None:
+            plan = fastreplay_plan(policy)
+            if plan is None:
+                why_not = f"policy {policy!r} has no compiled version"
+        if plan is not None:
+            from .fastreplay import warm
+
+            # Loading the compiled loop is once per process, as an import is: not this replay's time.
+            warming = time.perf_counter()
+            warm()
+            started += time.perf_counter() - warming
+            arrays = block_arrays if block_arrays is not None else trace_block_arrays(trace, hash_seed)
+            return _replay_compiled(trace, arrays, policy, plan, capacity, warmup, started)
+        if engine == "compiled":
+            raise ValueError(f"the compiled replay cannot run this: {why_not}")
     name = policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
     policy_obj = make_policy(policy) if isinstance(policy, str) else policy
     oracle = getattr(policy_obj, "set_next_use", None)
@@ -327,6 +359,80 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
             result.extra.update(disk_transfer_bytes=(fetched + written) * block_bytes,
                                 disk_transfer_s=block_bytes * (fetched / disk_read_bytes_per_s
                                                                + written / disk_write_bytes_per_s))
+    result.replay_s = time.perf_counter() - started
+    return result
+
+
+ENGINES = ("auto", "general", "compiled")
+
+
+def _why_not_compiled(policy, mode, host_capacity, remote_capacity, gate) -> str | None:
+    """Why the compiled loop cannot run this replay (None: it may, if the policy has a compiled version)."""
+    if not isinstance(policy, str):
+        return "a policy object keeps the general path"
+    if mode != "cache":
+        return f"mode {mode!r} (the compiled loop is cache mode)"
+    if host_capacity or remote_capacity or gate:
+        return "tiers below the device"
+    from ..flat import available
+    if not available():
+        return "numba is not installed"
+    return None
+
+
+def fastreplay_plan(policy: str):
+    """(kind, options) of a built-in policy spec the compiled loop runs, else None (numba loaded)."""
+    from .fastreplay import policy_kind
+    return policy_kind(policy)
+
+
+def trace_block_arrays(trace, hash_seed):
+    """``trace`` as ``BlockArrays``: kept on a trace whose lists nobody changes (a loaded hashed
+    trace, ``Trace.checked_hashes``; a sweep worker's, ``Trace.frozen``) after the first
+    conversion, else converted for this replay."""
+    from .blockarrays import block_arrays
+    cache = getattr(trace, "block_arrays_cache", None)
+    if cache is None or not (getattr(trace, "checked_hashes", False) or getattr(trace, "frozen", False)):
+        return block_arrays(trace, hash_seed)
+    key = None if not trace.has_tokens else hash_seed     # a hashed trace's ids do not depend on the seed
+    arrays = cache.get(key)
+    if arrays is None:
+        arrays = cache[key] = block_arrays(trace, hash_seed)
+    return arrays
+
+
+def _replay_compiled(trace, arrays, policy: str, plan, capacity: int, warmup: float, started: float) -> ReplayResult:
+    """``replay`` of a built-in policy in cache mode without tiers, in the compiled loop: the same
+    result as the manager's, every figure (``fastreplay``)."""
+    import numpy as np
+
+    from . import fastreplay as fr
+
+    kind, options = plan
+    n = arrays.num_requests
+    warm = int(n * warmup)
+    hits, counters = fr.run(arrays, kind, options, capacity, warm)
+    result = ReplayResult(policy=policy, capacity=capacity, mode="cache", block_size=trace.block_size)
+    result.warmup_requests = warm
+    size = trace.block_size
+    hits, accesses = hits[warm:], arrays.accesses[warm:]
+    input_length, last = arrays.input_length[warm:], arrays.last_block_tokens[warm:]
+    # ReplayResult.count, request by request: a hashed request's last block may be partly filled
+    whole = (last >= 0) & (accesses > 0) & (hits == accesses)
+    hit_tokens = np.where(whole, (accesses - 1) * size + last, np.minimum(hits * size, input_length))
+    result.requests = n - warm
+    result.block_accesses = int(accesses.sum())
+    result.block_hits = int(hits.sum())
+    result.input_tokens = int(input_length.sum())
+    result.hit_tokens = int(hit_tokens.sum())
+    result.oversized_requests = int(np.count_nonzero(arrays.total_blocks[warm:] > capacity))
+    if n:
+        evictions, cached, unused = (int(counters[c]) for c in (fr.C_EVICTIONS, fr.C_CACHED, fr.C_UNUSED))
+        evictions_w, cached_w, unused_w = (int(counters[c]) for c in (fr.C_EVICTIONS_W, fr.C_CACHED_W, fr.C_UNUSED_W))
+        result.evictions = evictions - evictions_w
+        result.block_insertions = (evictions + cached) - (evictions_w + cached_w)
+        result.blocks_never_reused = unused - unused_w + int(counters[fr.C_UNUSED_CACHED])
+    result.engine = "compiled"
     result.replay_s = time.perf_counter() - started
     return result
 

@@ -4,7 +4,9 @@ Every cell is one ``replay`` of the same trace file through the real manager.
 Cells run in parallel worker processes, one trace after another (a trace's cells
 together, its biggest capacities first); a process holds one trace at a time and loads
 it from its file once (generated workloads are written to a file before any replay), so
-a sweep over N traces loads each at most once per worker, whatever N.
+a sweep over N traces loads each at most once per worker, whatever N. The held trace
+keeps its conversion to arrays (``blockarrays``: dense ids, token requests hashed) for
+the compiled replay, so that too is made once per worker and trace.
 
 Two backends run the cells: ``process`` (the default: a local process pool) and
 ``ray`` (``prefixkv.sim.ray_backend``: a Ray cluster at ``RAY_ADDRESS``, or a local
@@ -82,6 +84,9 @@ def _load_cached(paths: tuple[str, ...], format: str, signature: tuple) -> Trace
         return held[1]
     _held = held = None     # let the old trace go before the next one is built: one in memory, not two
     trace = load_trace(list(paths) if len(paths) > 1 else paths[0], format=format)
+    # This process's own copy, which no caller changes: its conversion to arrays for the compiled
+    # replay (a token trace's hashing included) is made by the first cell and kept for the others.
+    trace.frozen = True
     _held = key, trace
     return trace
 
@@ -328,6 +333,7 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
     def in_order() -> list[dict]:
         return [done[i] for i in sorted(done)]
 
+    _warm_compiled_replay(cells, mode, options)
     try:
         if backend == "ray":
             from .ray_backend import run_cells
@@ -361,6 +367,25 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
     except KeyboardInterrupt:
         raise SweepInterrupted(in_order(), len(jobs)) from None
     return in_order()
+
+
+def _warm_compiled_replay(cells: Sequence[Cell], mode: str, options: dict) -> None:
+    """Load the compiled replay loop here, before the workers fork (they inherit it instead of
+    each loading it: ~1 s a process), when a cell will run in it (``replay``'s ``engine="auto"``)."""
+    if mode != "cache" or options.get("gate") or options.get("remote_capacity"):
+        return
+    if not any(not cell.host_capacity and cell.policy.partition(":")[0].strip() in _compiled_names()
+               for cell in cells):
+        return
+    from ..flat import available
+    if available():
+        from .fastreplay import warm
+        warm()
+
+
+def _compiled_names():
+    from ..flat.replay_layout import COMPILED
+    return COMPILED
 
 
 def gap_summary(results: Sequence[dict], bound: str = "belady", baseline: str = "lru") -> list[dict]:

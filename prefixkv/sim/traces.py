@@ -175,6 +175,12 @@ class Trace:
     # True when a loader has checked every request's block ids (ints): a replay then uses them
     # as they are instead of checking each request again. Set it only on lists nobody changes.
     checked_hashes: bool = False
+    # True when the trace's owner promises that its requests never change (a sweep worker's copy):
+    # a replay may then keep what it derives from them, as it does for a ``checked_hashes`` trace.
+    frozen: bool = False
+    # The trace as ``blockarrays.BlockArrays`` once a replay converted it (kept only where
+    # ``checked_hashes`` or ``frozen`` says its lists never change; keyed by hash seed for token traces).
+    block_arrays_cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.requests)

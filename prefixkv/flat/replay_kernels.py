@@ -1,0 +1,444 @@
+"""The compiled cache-mode replay loop (numba): the pool, its hash index and a built-in policy in
+one loop over a trace's dense block ids. ``prefixkv.sim.fastreplay`` is its only caller and says
+what it reproduces; the constants (policy kinds, parameter slots, counters) are ``replay_layout``'s.
+
+Every helper is inlined into ``replay_cache``: a call that passes the state's arrays would cost
+more than the step it makes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .replay_layout import (ARC, C_CACHED, C_CACHED_W, C_EVICTIONS, C_EVICTIONS_W, C_UNUSED, C_UNUSED_CACHED,
+                              C_UNUSED_W, FIFO, FP_P, IP_ACCESSES, IP_CAPACITY, IP_GHOST_SIZE, IP_HALF_LIFE,
+                              IP_HEAP, IP_LIMIT, IP_MAXFREQ, IP_MOVE, IP_NUM_PROTECTED, IP_SIZE1, IP_SIZE2,
+                              IP_SMALL_TARGET, IP_TICKET, LFU, LRU, NONE, S3FIFO, SLRU, UNSET)
+from .kernels import _jit
+
+
+# -- doubly linked lists over blocks (or ids): prev / nxt / ends[q] = (head, tail, count) -------------
+
+@_jit(nogil=True, inline="always")
+def _push(prev, nxt, where, ends, q, b):
+    tail = ends[q, 1]
+    prev[b] = tail
+    nxt[b] = NONE
+    if tail == NONE:
+        ends[q, 0] = b
+    else:
+        nxt[tail] = b
+    ends[q, 1] = b
+    ends[q, 2] += 1
+    where[b] = q
+
+
+@_jit(nogil=True, inline="always")
+def _cut(prev, nxt, where, ends, b):
+    q = where[b]
+    p = prev[b]
+    n = nxt[b]
+    if p == NONE:
+        ends[q, 0] = n
+    else:
+        nxt[p] = n
+    if n == NONE:
+        ends[q, 1] = p
+    else:
+        prev[n] = p
+    where[b] = -1
+    ends[q, 2] -= 1
+
+
+@_jit(nogil=True, inline="always")
+def _pop_head(prev, nxt, where, ends, q):
+    b = ends[q, 0]
+    _cut(prev, nxt, where, ends, b)
+    return b
+
+
+# -- the candidates of a queue that keeps held blocks in place (FIFO, S3-FIFO) -----------------------
+
+@_jit(nogil=True, inline="always")
+def _first_candidate(nxt, held, ends, cursor, q):
+    """The oldest block of queue ``q`` not held by the request being admitted. Within one
+    allocation nothing is released, so the walk resumes where the previous one stopped."""
+    c = cursor[q]
+    if c == UNSET:
+        c = ends[q, 0]
+    while c != NONE and held[c]:
+        c = nxt[c]
+    cursor[q] = c
+    return c
+
+
+@_jit(nogil=True, inline="always")
+def _cut_candidate(prev, nxt, where, ends, cursor, b):
+    q = where[b]
+    if cursor[q] == b:
+        cursor[q] = nxt[b]
+    _cut(prev, nxt, where, ends, b)
+
+
+@_jit(nogil=True, inline="always")
+def _push_candidate(prev, nxt, where, ends, cursor, q, b):
+    _push(prev, nxt, where, ends, q, b)
+    if cursor[q] == NONE:       # the walk had passed every block: this one is next
+        cursor[q] = b
+
+
+# -- LFU's candidates: a binary heap keyed (E, w, ticket) with each block's position --------------
+
+@_jit(nogil=True, inline="always")
+def _before(ke, kw, kt, a, b):
+    if ke[a] != ke[b]:
+        return ke[a] < ke[b]
+    if kw[a] != kw[b]:
+        return kw[a] < kw[b]
+    return kt[a] < kt[b]
+
+
+@_jit(nogil=True, inline="always")
+def _sift_up(heap, pos, ke, kw, kt, i):
+    b = heap[i]
+    while i > 0:
+        parent = (i - 1) >> 1
+        p = heap[parent]
+        if not _before(ke, kw, kt, b, p):
+            break
+        heap[i] = p
+        pos[p] = i
+        i = parent
+    heap[i] = b
+    pos[b] = i
+
+
+@_jit(nogil=True, inline="always")
+def _sift_down(heap, pos, ke, kw, kt, i, n):
+    b = heap[i]
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        if child + 1 < n and _before(ke, kw, kt, heap[child + 1], heap[child]):
+            child += 1
+        c = heap[child]
+        if not _before(ke, kw, kt, c, b):
+            break
+        heap[i] = c
+        pos[c] = i
+        i = child
+    heap[i] = b
+    pos[b] = i
+
+
+@_jit(nogil=True, inline="always")
+def _heap_remove(heap, pos, ke, kw, kt, ip, b):
+    i = pos[b]
+    n = ip[IP_HEAP] - 1
+    ip[IP_HEAP] = n
+    pos[b] = -1
+    if i == n:
+        return
+    last = heap[n]
+    heap[i] = last
+    pos[last] = i
+    _sift_down(heap, pos, ke, kw, kt, i, n)
+    if heap[i] == last:
+        _sift_up(heap, pos, ke, kw, kt, i)
+
+
+# -- the policies' events ----------------------------------------------------------------------------
+
+@_jit(nogil=True, inline="always")
+def _ghost_add(gprev, gnxt, gwhere, gends, g, h):
+    _push(gprev, gnxt, gwhere, gends, g, h)
+
+
+@_jit(nogil=True, inline="always")
+def _arc_trim(gprev, gnxt, gwhere, gends, ip):
+    c = ip[IP_CAPACITY]
+    while gends[1, 2] and ip[IP_SIZE1] + gends[1, 2] > c:
+        _pop_head(gprev, gnxt, gwhere, gends, 1)
+    while ip[IP_SIZE1] + ip[IP_SIZE2] + gends[1, 2] + gends[2, 2] > 2 * c:
+        _pop_head(gprev, gnxt, gwhere, gends, 2 if gends[2, 2] else 1)
+
+
+@_jit(nogil=True, inline="always")
+def _lfu_epoch(ip):
+    epoch = ip[IP_ACCESSES] // ip[IP_HALF_LIFE]
+    ip[IP_ACCESSES] += 1
+    return epoch
+
+
+@_jit(nogil=True, inline="always")
+def _on_cached(kind, b, h, prev, nxt, where, ends, cursor, ival, fval, gprev, gnxt, gwhere, gends, ip, fp):
+    if kind == FIFO:
+        _push_candidate(prev, nxt, where, ends, cursor, 0, b)     # held until its release: no candidate yet
+    elif kind == SLRU:
+        ival[b] = 0                                               # on probation
+    elif kind == S3FIFO:
+        q = 0
+        if gwhere[h] >= 0:                                        # back from the ghost queue: to main
+            _cut(gprev, gnxt, gwhere, gends, h)
+            q = 1
+        _push_candidate(prev, nxt, where, ends, cursor, q, b)
+        ival[b] = 0                                               # frequency
+    elif kind == ARC:
+        which = 1
+        g = gwhere[h]
+        if g == 1:
+            fp[FP_P] = min(float(ip[IP_CAPACITY]), fp[FP_P] + max(gends[2, 2] / gends[1, 2], 1.0))
+            _cut(gprev, gnxt, gwhere, gends, h)
+            which = 2
+        elif g == 2:
+            fp[FP_P] = max(0.0, fp[FP_P] - max(gends[1, 2] / gends[2, 2], 1.0))
+            _cut(gprev, gnxt, gwhere, gends, h)
+            which = 2
+        ival[b] = which
+        if which == 1:
+            ip[IP_SIZE1] += 1
+        else:
+            ip[IP_SIZE2] += 1
+        _arc_trim(gprev, gnxt, gwhere, gends, ip)
+    elif kind == LFU:
+        ival[b] = _lfu_epoch(ip)
+        fval[b] = 1.0
+
+
+@_jit(nogil=True, inline="always")
+def _on_hit(kind, b, prev, nxt, where, ends, heap, pos, ival, fval, kt, ip):
+    """A hit on ``b``, a candidate (between requests every cached block is one)."""
+    if kind == LRU:
+        _cut(prev, nxt, where, ends, b)
+    elif kind == SLRU:
+        _cut(prev, nxt, where, ends, b)
+        if not ival[b]:
+            ival[b] = 1
+            ip[IP_NUM_PROTECTED] += 1
+            _slru_demote_overflow(prev, nxt, where, ends, ival, ip)
+    elif kind == S3FIFO:
+        if ival[b] < ip[IP_MAXFREQ]:
+            ival[b] += 1
+    elif kind == ARC:
+        _cut(prev, nxt, where, ends, b)
+        if ival[b] == 1:
+            ival[b] = 2
+            ip[IP_SIZE1] -= 1
+            ip[IP_SIZE2] += 1
+    elif kind == LFU:
+        _heap_remove(heap, pos, ival, fval, kt, ip, b)
+        k = _lfu_epoch(ip)
+        e = ival[b]
+        w = fval[b]
+        top = e if e > k else k
+        w = math.ldexp(w, e - top) + math.ldexp(1.0, k - top)
+        if w >= 2.0:
+            w *= 0.5
+            top += 1
+        ival[b] = top
+        fval[b] = w
+
+
+@_jit(nogil=True, inline="always")
+def _slru_demote_overflow(prev, nxt, where, ends, ival, ip):
+    while ip[IP_NUM_PROTECTED] > ip[IP_LIMIT] and ends[1, 2]:
+        b = _pop_head(prev, nxt, where, ends, 1)
+        ival[b] = 0
+        ip[IP_NUM_PROTECTED] -= 1
+        _push(prev, nxt, where, ends, 0, b)
+
+
+@_jit(nogil=True, inline="always")
+def _on_released(kind, b, prev, nxt, where, ends, heap, pos, ival, fval, kt, ip):
+    if kind == LRU:
+        _push(prev, nxt, where, ends, 0, b)
+    elif kind == SLRU:
+        if ival[b]:
+            _push(prev, nxt, where, ends, 1, b)
+            _slru_demote_overflow(prev, nxt, where, ends, ival, ip)
+        else:
+            _push(prev, nxt, where, ends, 0, b)
+    elif kind == ARC:
+        _push(prev, nxt, where, ends, ival[b], b)
+    elif kind == LFU:
+        kt[b] = ip[IP_TICKET]
+        ip[IP_TICKET] += 1
+        n = ip[IP_HEAP]
+        heap[n] = b
+        ip[IP_HEAP] = n + 1
+        _sift_up(heap, pos, ival, fval, kt, n)
+    # FIFO, S3-FIFO: a held block keeps its place; releasing it only ends the hold
+
+
+@_jit(nogil=True, inline="always")
+def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, fval, kt,
+           id_of_block, gprev, gnxt, gwhere, gends, ip, fp):
+    """One victim, as the policy's ``evict`` chooses it (the caller drops its hash)."""
+    if kind == LRU:
+        return _pop_head(prev, nxt, where, ends, 0)
+    if kind == FIFO:
+        b = _first_candidate(nxt, held, ends, cursor, 0)
+        _cut_candidate(prev, nxt, where, ends, cursor, b)
+        return b
+    if kind == SLRU:
+        if ends[0, 2]:
+            b = _pop_head(prev, nxt, where, ends, 0)
+        else:
+            b = _pop_head(prev, nxt, where, ends, 1)
+            ip[IP_NUM_PROTECTED] -= 1
+        return b
+    if kind == S3FIFO:
+        while True:
+            small_candidates = ends[0, 2] - heldq[0]
+            if small_candidates and (ends[0, 2] >= ip[IP_SMALL_TARGET] or ends[1, 2] - heldq[1] == 0):
+                b = _first_candidate(nxt, held, ends, cursor, 0)
+                _cut_candidate(prev, nxt, where, ends, cursor, b)
+                if ival[b] >= ip[IP_MOVE]:                       # lazy promotion to main
+                    _push_candidate(prev, nxt, where, ends, cursor, 1, b)
+                    continue
+                _ghost_add(gprev, gnxt, gwhere, gends, 0, id_of_block[b])
+                if gends[0, 2] > ip[IP_GHOST_SIZE]:
+                    _pop_head(gprev, gnxt, gwhere, gends, 0)
+                return b
+            b = _first_candidate(nxt, held, ends, cursor, 1)
+            _cut_candidate(prev, nxt, where, ends, cursor, b)
+            if ival[b]:                                           # second chance
+                ival[b] -= 1
+                _push_candidate(prev, nxt, where, ends, cursor, 1, b)
+                continue
+            return b
+    if kind == ARC:
+        if ends[1, 2] and (ip[IP_SIZE1] > fp[FP_P] or not ends[2, 2]):
+            b = _pop_head(prev, nxt, where, ends, 1)
+            which = 1
+            ip[IP_SIZE1] -= 1
+        else:
+            b = _pop_head(prev, nxt, where, ends, 2)
+            which = 2
+            ip[IP_SIZE2] -= 1
+        _ghost_add(gprev, gnxt, gwhere, gends, which, id_of_block[b])
+        _arc_trim(gprev, gnxt, gwhere, gends, ip)
+        return b
+    # LFU: the least weight, then the oldest release
+    b = heap[0]
+    _heap_remove(heap, pos, ival, fval, kt, ip, b)
+    return b
+
+
+@_jit(nogil=True)
+def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends, gends,
+                 prev, nxt, where, ival, fval, kt, heap, pos, gprev, gnxt, gwhere, hits, counters):
+    """Replay every request (cache mode); ``hits[i]``: request ``i``'s leading hits (0 for one
+    longer than the pool, which changes nothing); ``counters``: see ``C_*``. The policy state
+    arrays come initialised from ``CompiledReplay``."""
+    num_requests = offsets.shape[0] - 1
+    blocks = prev.shape[0]      # the most blocks ever handed out (``CompiledReplay``): <= capacity
+    # int32 where the counts fit (``fastreplay.run`` picks the links' width): the id -> block map
+    # is read at random across the trace's distinct ids, so its width is cache misses
+    block_of_id = np.full(gwhere.shape[0], -1, prev.dtype)
+    id_of_block = np.full(blocks, -1, ids.dtype)
+    free = np.empty(blocks, prev.dtype)
+    free_top = 0
+    fresh = 0
+    reused = np.zeros(blocks, np.uint8)
+    held = np.zeros(blocks, np.uint8)
+    heldq = np.zeros(ends.shape[0], np.int64)
+    cursor = np.full(ends.shape[0], UNSET, np.int64)
+    longest = 0
+    for i in range(num_requests):
+        longest = max(longest, total_blocks[i])
+    table = np.empty(min(longest, capacity), np.int64)
+    evictions = 0
+    cached = 0
+    unused = 0
+    for i in range(num_requests):
+        if i == warm:
+            counters[C_EVICTIONS_W] = evictions
+            counters[C_CACHED_W] = cached
+            counters[C_UNUSED_W] = unused
+        start = offsets[i]
+        n = offsets[i + 1] - start
+        total = total_blocks[i]
+        if total > capacity:
+            hits[i] = 0
+            continue
+        k = 0
+        while k < n:
+            b = block_of_id[ids[start + k]]
+            if b < 0:
+                break
+            table[k] = b
+            k += 1
+        hits[i] = k
+        for j in range(k):              # pinned: the allocation below cannot take them
+            b = table[j]
+            _on_hit(kind, b, prev, nxt, where, ends, heap, pos, ival, fval, kt, ip)
+            held[b] = 1
+            if where[b] >= 0:           # FIFO, S3-FIFO: held in place, no candidate while held
+                heldq[where[b]] += 1
+            reused[b] = 1
+        need = total - k
+        if need <= free_top:
+            for j in range(need):
+                table[k + j] = free[free_top - 1 - j]
+            free_top -= need
+        else:
+            got = 0
+            for j in range(free_top):
+                table[k + got] = free[free_top - 1 - j]
+                got += 1
+            free_top = 0
+            take = min(capacity - fresh, need - got)
+            for j in range(take):
+                table[k + got] = fresh + j
+                got += 1
+            fresh += take
+            for q in range(cursor.shape[0]):
+                cursor[q] = UNSET
+            while got < need:
+                v = _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, fval, kt,
+                           id_of_block, gprev, gnxt, gwhere, gends, ip, fp)
+                evictions += 1
+                if not reused[v]:
+                    unused += 1
+                reused[v] = 0
+                block_of_id[id_of_block[v]] = -1
+                id_of_block[v] = -1
+                cached -= 1
+                table[k + got] = v
+                got += 1
+        for j in range(k, n):           # publish: an id cached already leaves a duplicate
+            b = table[j]
+            h = ids[start + j]
+            if block_of_id[h] < 0:
+                block_of_id[h] = b
+                id_of_block[b] = h
+                cached += 1
+                _on_cached(kind, b, h, prev, nxt, where, ends, cursor, ival, fval, gprev, gnxt, gwhere, gends,
+                           ip, fp)
+        for j in range(total - 1, -1, -1):      # tail first
+            b = table[j]
+            if j < k:
+                held[b] = 0
+                if where[b] >= 0:
+                    heldq[where[b]] -= 1
+            if id_of_block[b] >= 0:
+                _on_released(kind, b, prev, nxt, where, ends, heap, pos, ival, fval, kt, ip)
+            else:
+                free[free_top] = b
+                free_top += 1
+    unused_cached = 0
+    for b in range(blocks):
+        if id_of_block[b] >= 0 and not reused[b]:
+            unused_cached += 1
+    counters[C_EVICTIONS] = evictions
+    counters[C_CACHED] = cached
+    counters[C_UNUSED] = unused
+    counters[C_UNUSED_CACHED] = unused_cached
+    if warm >= num_requests:
+        counters[C_EVICTIONS_W] = evictions
+        counters[C_CACHED_W] = cached
+        counters[C_UNUSED_W] = unused

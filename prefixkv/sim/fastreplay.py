@@ -1,0 +1,125 @@
+"""Cache-mode replay compiled (numba): the pool, its hash index and a built-in policy in one loop.
+
+``replay`` hands a replay here when its policy is a built-in one named by a string (``COMPILED``),
+the mode is ``cache`` and there is no tier below the device (``replay._why_not_compiled`` says why not):
+the loop then runs over a trace's ``BlockArrays`` (dense ids, request offsets) with no Python step
+per request. It is the general path's pool, step for step, on integers:
+
+* a request's hits are its leading cached ids; they are taken (pinned) before anything else moves;
+* its other blocks come from the free stack (last released first), then blocks never handed out
+  (ascending), then the policy's victims, one ``evict`` after another, as ``BlockPool._claim``;
+* its fresh blocks are published in order; an id cached already (further down a chain that
+  missed) leaves its block a duplicate, which goes back to the free stack at the release;
+* the release runs tail first: cached primaries become candidates (``on_released``), the rest
+  (duplicates, a token request's partial last block) go on the free stack;
+* a request of more blocks than the pool is counted all misses and changes nothing.
+
+The policies are the Python classes' rules on the same events (``policies/*.py``): the same
+victims, in the same order, so every figure of the result is the general path's (the lockstep
+tests, ``tests/sim/test_fast_replay.py``, compare both on random and shared traces). Block ids are
+assigned as the pool assigns them, so a policy whose ties fell to block ids would tie the same way.
+
+The loop itself is ``prefixkv.flat.replay_kernels`` (numba), imported only when a compiled replay
+runs: this module imports without numba (``replay`` asks ``prefixkv.flat.available()`` first).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..flat.replay_layout import (  # noqa: F401  (the counters too: replay reads them here)
+    ARC, C_CACHED, C_CACHED_W, C_EVICTIONS, C_EVICTIONS_W, C_UNUSED, C_UNUSED_CACHED, C_UNUSED_W, COMPILED, FIFO,
+    IP_CAPACITY, IP_GHOST_SIZE, IP_HALF_LIFE, IP_LIMIT, IP_MAXFREQ, IP_MOVE, IP_SMALL_TARGET, LFU, LRU, NONE, S3FIFO,
+    SLRU)
+
+
+# -- the Python side ---------------------------------------------------------------------------------
+
+def policy_kind(policy) -> tuple[int, dict] | None:
+    """(kind, parameters) of a policy spec the compiled loop runs (``"lru"``, ``"slru:protected_size=64"``),
+    else None. Only names: a policy object, even a built-in class's, keeps the general path (it is
+    the caller's, bound to the pool it serves). The parameters are the policy object's own, as the
+    registry builds it from the spec (its options checked there)."""
+    if not isinstance(policy, str) or policy.partition(":")[0].strip() not in COMPILED:
+        return None
+    from ..policies import ARCPolicy, FIFOPolicy, LFUPolicy, LRUPolicy, S3FIFOPolicy, SLRUPolicy, make_policy
+
+    obj = make_policy(policy)
+    classes = {LRU: LRUPolicy, FIFO: FIFOPolicy, SLRU: SLRUPolicy, S3FIFO: S3FIFOPolicy, ARC: ARCPolicy,
+               LFU: LFUPolicy}
+    kind = COMPILED[policy.partition(":")[0].strip()]
+    if type(obj) is not classes[kind]:      # a subclass registered in its place would change the rules
+        return None
+    return kind, dict(vars(obj))
+
+
+def _parameters(kind: int, options: dict, capacity: int, ip: np.ndarray) -> None:
+    """What each policy's ``bind`` derives from the pool (``policies/*.py``), for ``capacity`` blocks."""
+    if kind == SLRU:
+        size = options["protected_size"]
+        ip[IP_LIMIT] = size if size is not None else int(options["protected_fraction"] * capacity)
+    elif kind == S3FIFO:
+        small = max(1, round(options["small_fraction"] * capacity))
+        ip[IP_SMALL_TARGET] = small
+        ip[IP_GHOST_SIZE] = max(1, capacity - small)
+        ip[IP_MOVE] = options["move_threshold"]
+        ip[IP_MAXFREQ] = options["max_freq"]
+    elif kind == ARC:
+        ip[IP_CAPACITY] = capacity
+    elif kind == LFU:
+        given = options["_half_life_option"]
+        ip[IP_HALF_LIFE] = given if given is not None else max(16, capacity)
+
+
+def run(arrays, kind: int, options: dict, capacity: int, warm: int) -> tuple[np.ndarray, np.ndarray]:
+    """Replay ``arrays`` (``BlockArrays``) at ``capacity`` blocks: (leading hits per request, ``C_*``
+    counters, the first three also at request ``warm``)."""
+    num_requests = arrays.num_requests
+    longest = int(arrays.total_blocks.max()) if num_requests else 0
+    # No more blocks are ever handed out than can be cached or held at once: the arrays stay the
+    # trace's size however large the pool (a pool of 10^9 blocks costs nothing here either).
+    blocks = max(1, min(capacity, arrays.num_ids + longest))
+    ip = np.zeros(16, np.int64)
+    fp = np.zeros(2, np.float64)
+    _parameters(kind, options, capacity, ip)
+    ends = np.zeros((3, 3), np.int64)
+    ends[:, :2] = NONE
+    gends = ends.copy()
+    links = np.int32 if blocks < 2**31 - 1 else np.int64     # block ids: 4 bytes where they fit
+    prev = np.full(blocks, NONE, links)
+    nxt = np.full(blocks, NONE, links)
+    where = np.full(blocks, -1, np.int8)
+    ival = np.zeros(blocks, np.int64)
+    fval = np.zeros(blocks, np.float64)
+    kt = np.zeros(blocks, np.int64)
+    heap = np.zeros(blocks if kind == LFU else 1, np.int64)
+    pos = np.full(blocks if kind == LFU else 1, -1, np.int64)
+    ghosts = arrays.num_ids if kind in (S3FIFO, ARC) else 0
+    gprev = np.full(ghosts, NONE, np.int64)
+    gnxt = np.full(ghosts, NONE, np.int64)
+    gwhere = np.full(max(ghosts, arrays.num_ids), -1, np.int8)
+    hits = np.zeros(num_requests, np.int64)
+    counters = np.zeros(8, np.int64)
+    from ..flat.replay_kernels import replay_cache
+
+    replay_cache(kind, arrays.offsets, arrays.ids, arrays.total_blocks, capacity, warm, ip, fp, ends, gends,
+                 prev, nxt, where, ival, fval, kt, heap, pos, gprev, gnxt, gwhere, hits, counters)
+    return hits, counters
+
+
+_warmed = False
+
+
+def warm() -> None:
+    """Load the compiled loop (from numba's cache, or compile it: seconds) with one tiny replay, so
+    that this happens once per process and before a replay's clock starts; a sweep calls it
+    before its workers fork, so that they inherit the loaded code."""
+    global _warmed
+    if _warmed:
+        return
+    from .blockarrays import BlockArrays
+
+    one = np.ones(1, np.int64)
+    tiny = BlockArrays(np.array([0, 1], np.int64), np.zeros(1, np.int32), 1, one, one, one * 4, one * 4)
+    run(tiny, LRU, {}, 1, 0)
+    _warmed = True
