@@ -68,9 +68,8 @@ def timed_run(model, url=None, event=None, ps=None):
         n += 1
     stats = e.remote.stats() if e.remote is not None else {}
     outputs = [e.requests[i].output for i in ids]
-    if e.remote is not None:
-        e.remote.close(flush_timeout_s=2.0)
-        e.remote = e._remote_step = None
+    e.tiers.close(flush_timeout_s=2.0)
+    e._remote_step = None
     return times, outputs, stats
 
 
