@@ -5,8 +5,11 @@ Run under the SGLang venv (tests/engines/test_sglang.py does, one process per st
     python sglang_hicache.py write  SPEC.json   # fill host pages, write_storage, wait for the backup
     python sglang_hicache.py read   SPEC.json   # a fresh process: prefetch, compare bytes with `write`'s
 
-SPEC.json: {"store": ..., "layout": ..., "model": ..., "pages": N, "salt": ..., "out": DIR,
-"extra": {...more extra config}, "seed": int}. Each step prints one JSON line as its last line.
+SPEC.json: {"store": ..., "layouts": [...], "model": ..., "pages": N, "salt": ..., "out": DIR,
+"extra": {...more extra config}, "seed": int, "damage": [{"layout", "page", "how", "from_model"}],
+"expect_model": ...}. Each step handles every layout in turn (a controller each) and prints one
+JSON line, per layout, as its last line. ``damage`` (read only) damages stored pages first
+(``damage.py``).
 The controller is the engine's own (a single-rank gloo group, as SGLang builds for TP 1); the
 host pool is a real MHATokenToKVPoolHost on CPU tensors; the scheduler's part of a prefetch
 (allocating host slots for the hit, handing the operation to the I/O thread) is done here as
@@ -93,7 +96,8 @@ def stats_of(cc) -> dict:
     return {**s, "store": {k: st[k] for k in keep if k in st}}
 
 
-def write(spec: dict) -> dict:
+def write_layout(spec: dict, layout: str) -> dict:
+    spec = {**spec, "layout": layout}
     cc, host = build(spec)
     tokens = tokens_for(spec)
     _, keys = keys_for(spec, tokens)
@@ -110,21 +114,45 @@ def write(spec: dict) -> dict:
     out = {"completed_tokens": op.completed_tokens, "flushed": flushed, "backup_s": backup_s,
            "stats": stats_of(cc), "fingerprint": cc.storage_backend.store.fingerprint.hex}
     os.makedirs(spec["out"], exist_ok=True)
-    np.save(os.path.join(spec["out"], f"pages-{spec['layout']}.npy"),
+    np.save(os.path.join(spec["out"], f"pages-{spec['model']}-{layout}.npy"),
             np.frombuffer(b"".join(expected), dtype=np.uint8))
     cc.detach_storage_backend()
     return out
 
 
-def read(spec: dict) -> dict:
+def backend_for(spec: dict, host, model: str):
+    """Another PrefixKVHiCacheStorage on the same store, for another model (to read its values)."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+    from prefixkv.integrations.sglang import PrefixKVHiCacheStorage
+
+    extra = {"store": spec["store"], **spec.get("extra", {})}
+    cfg = HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                               is_mla_model=False, enable_storage_metrics=False,
+                               is_page_first_layout=host.layout == "page_first", model_name=model, extra_config=extra)
+    backend = PrefixKVHiCacheStorage(cfg, {})
+    backend.register_mem_pool_host(host)
+    return backend
+
+
+def read_layout(spec: dict, layout: str) -> dict:
+    spec = {**spec, "layout": layout}
     cc, host = build(spec)
     tokens = tokens_for(spec)
     seed, keys = keys_for(spec, tokens)
+    for d in spec.get("damage", []):
+        if d["layout"] == layout:
+            from damage import damage
+
+            other = backend_for(spec, host, d["from_model"]).store if d["how"] == "foreign" else None
+            damage(cc.storage_backend.store, keys[d["page"]].encode(), d["how"], other)
+            if other is not None:
+                other.close()
     t0 = time.perf_counter()
     op = cc.prefetch("req-0", tokens, last_hash=seed)
     hit = cc.prefetch_hit_queue.get(timeout=60)
     assert hit is op
-    out = {"hit_tokens": op.storage_hit_count}
+    out = {"hit_tokens": op.storage_hit_count, "query_s": time.perf_counter() - t0, "completed_tokens": 0}
     loaded: list[bytes] = []
     if op.storage_hit_count:
         op.host_indices = host.alloc(op.storage_hit_count)
@@ -139,7 +167,7 @@ def read(spec: dict) -> dict:
         out["completed_tokens"] = completed
         loaded = pages_of(host, op.host_indices[:completed])
     out["prefetch_s"] = time.perf_counter() - t0
-    path = os.path.join(spec["out"], f"pages-{spec['layout']}.npy")
+    path = os.path.join(spec["out"], f"pages-{spec.get('expect_model', spec['model'])}-{layout}.npy")
     if os.path.exists(path):
         expected = np.load(path).tobytes()
         page_bytes = len(expected) // spec["pages"]
@@ -147,6 +175,21 @@ def read(spec: dict) -> dict:
     out["stats"] = stats_of(cc)
     out["fingerprint"] = cc.storage_backend.store.fingerprint.hex
     cc.detach_storage_backend()
+    return out
+
+
+def write(spec: dict) -> dict:
+    return {layout: write_layout(spec, layout) for layout in spec["layouts"]}
+
+
+def read(spec: dict):
+    """Every layout; with ``runs`` (a list of spec overrides: another model, salt, damage), each run in turn."""
+    if "runs" not in spec:
+        return {layout: read_layout(spec, layout) for layout in spec["layouts"]}
+    out = []
+    for run in spec["runs"]:
+        each = {**spec, **run}
+        out.append({layout: read_layout(each, layout) for layout in each["layouts"]})
     return out
 
 

@@ -85,13 +85,15 @@ def manager_from_scheduler(spec: dict):
         device_config=DeviceConfig("cpu"),
         kv_transfer_config=KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
                                             kv_connector_extra_config=extra_config(spec)))
-    layer_spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=torch.bfloat16)
     blocks = 64
+    layer_spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=16, dtype=torch.bfloat16)
     kv_cache_config = KVCacheConfig(
         num_blocks=blocks,
-        kv_cache_tensors=[KVCacheTensor(size=layer_spec.page_size_bytes * blocks, shared_by=[f"layers.{i}.attn"])
-                          for i in range(2)],
+        kv_cache_tensors=[KVCacheTensor(size=layer_spec.page_size_bytes * blocks, layers=[f"layers.{i}.attn"],
+                                        layer_stride=layer_spec.page_size_bytes * blocks,
+                                        block_stride=layer_spec.page_size_bytes) for i in range(2)],
         kv_cache_groups=[KVCacheGroupSpec(["layers.0.attn", "layers.1.attn"], layer_spec)])
+    vllm_config.cache_config.num_gpu_blocks = blocks
     scheduler = Scheduler(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                           structured_output_manager=StructuredOutputManager(vllm_config), block_size=BLOCK,
                           log_stats=False)
@@ -153,6 +155,15 @@ def store(spec: dict) -> dict:
     from vllm.v1.kv_offload.base import ReqContext
 
     manager, _scheduler = build(spec)
+    try:
+        return store_into(spec, manager)
+    finally:
+        manager.shutdown()
+
+
+def store_into(spec: dict, manager) -> dict:
+    from vllm.v1.kv_offload.base import ReqContext
+
     keys = request_keys(spec)
     ctx = ReqContext(req_id="req-0")
     manager.on_new_request(ctx)
@@ -162,51 +173,80 @@ def store(spec: dict) -> dict:
     rng = np.random.default_rng(spec.get("seed", 0) + 1)
     expected = rng.integers(0, 256, (len(keys), data.shape[1]), dtype=np.uint8)
     data[ids] = expected                          # what the GPU->CPU worker copies
+    del data
     manager.complete_store(keys, ctx)
     cascaded = step_until(manager, lambda: not manager.has_pending_work() and tier_of(manager).store.flush(1))
     manager.on_request_finished(ctx)
     result = {"chunks": len(keys), "cascaded": cascaded, "stats": stats_of(manager),
               "fingerprint": tier_of(manager).store.fingerprint.hex}
     os.makedirs(spec["out"], exist_ok=True)
-    np.save(os.path.join(spec["out"], "chunks.npy"), expected)
-    manager.shutdown()
+    np.save(os.path.join(spec["out"], f"chunks-{spec['model']}.npy"), expected)
     return result
 
 
-def load(spec: dict) -> dict:
-    from vllm.v1.kv_offload.base import LookupResult, ReqContext
+def load_once(spec: dict) -> dict:
+    from vllm.v1.kv_offload.base import ReqContext
 
     manager, _scheduler = build(spec)
-    keys = request_keys(spec)
-    ctx = ReqContext(req_id="req-1")
-    manager.on_new_request(ctx)
-    first = [manager.lookup(k, ctx).name for k in keys]
-    verdicts: dict[int, str] = {}
+    try:
+        keys = request_keys(spec)
+        tier = tier_of(manager)
+        for d in spec.get("damage", []):
+            from damage import damage
 
-    def resolved() -> bool:
+            other = None
+            if d["how"] == "foreign":
+                other_manager, _ = build({**spec, "model": d["from_model"]})
+                other = tier_of(other_manager).store
+            damage(tier.store, bytes(keys[d["chunk"]]), d["how"], other)
+            if other is not None:
+                other_manager.shutdown()
+        ctx = ReqContext(req_id="req-1")
+        manager.on_new_request(ctx)
+        t0 = time.perf_counter()
+        first = [manager.lookup(k, ctx).name for k in keys]
+        verdicts: dict[int, str] = {}
+
+        def resolved() -> bool:
+            # as the connector does: chunk by chunk, stopping at the first that is not a hit
+            for i, k in enumerate(keys):
+                if verdicts.get(i) not in ("HIT", "MISS"):
+                    verdicts[i] = manager.lookup(k, ctx).name
+                if verdicts[i] != "HIT":
+                    return verdicts[i] == "MISS"
+            return True
+
+        settled = step_until(manager, resolved, 30.0)
+        result = {"first": first, "final": [verdicts.get(i) for i in range(len(keys))], "settled": settled,
+                  "settle_s": time.perf_counter() - t0}
+        hits = []
         for i, k in enumerate(keys):
-            if verdicts.get(i) in ("HIT", "MISS"):
-                continue
-            verdicts[i] = manager.lookup(k, ctx).name
-        return all(v in ("HIT", "MISS") for v in verdicts.values()) and len(verdicts) == len(keys)
+            if verdicts.get(i) != "HIT":
+                break
+            hits.append(k)
+        result["hits"] = len(hits)
+        expected_path = os.path.join(spec["out"], f"chunks-{spec.get('expect_model', spec['model'])}.npy")
+        if hits and os.path.exists(expected_path):
+            spec_out = manager.prepare_load(hits, ctx)
+            ids = [int(c) for c in spec_out.chunk_ids]
+            expected = np.load(expected_path)
+            got = rows(manager)[ids]
+            result["bytes_equal"] = [bool(np.array_equal(got[i], expected[i])) for i in range(len(ids))]
+            del got
+            manager.complete_load(hits, ctx)
+        manager.on_request_finished(ctx)
+        result["stats"] = stats_of(manager)
+        result["fingerprint"] = tier.store.fingerprint.hex
+        return result
+    finally:
+        manager.shutdown()
 
-    settled = step_until(manager, resolved, 30.0)
-    result = {"first": first, "final": [verdicts.get(i) for i in range(len(keys))], "settled": settled}
-    hits = [k for i, k in enumerate(keys) if verdicts.get(i) == "HIT"]
-    expected_path = os.path.join(spec["out"], "chunks.npy")
-    if hits and len(hits) == len(keys) and os.path.exists(expected_path):
-        spec_out = manager.prepare_load(hits, ctx)
-        ids = [int(c) for c in spec_out.chunk_ids]
-        expected = np.load(expected_path)
-        got = rows(manager)[ids]
-        result["bytes_equal"] = [bool(np.array_equal(got[i], expected[i])) for i in range(len(ids))]
-        manager.complete_load(hits, ctx)
-    manager.on_request_finished(ctx)
-    result["stats"] = stats_of(manager)
-    result["fingerprint"] = tier_of(manager).store.fingerprint.hex
-    manager.shutdown()
-    assert LookupResult.HIT      # (imported for the names above)
-    return result
+
+def load(spec: dict):
+    """One restarted manager, or with ``runs`` (spec overrides: another model, salt, damage) one per run."""
+    if "runs" not in spec:
+        return load_once(spec)
+    return [load_once({**spec, **run}) for run in spec["runs"]]
 
 
 def main() -> None:
