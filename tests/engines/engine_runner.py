@@ -64,5 +64,8 @@ def run(engine: str, step: str, spec: dict, tmp_path: Path, timeout: float = 300
     return json.loads(lines[-1])
 
 
-def marks(engine: str):
-    return [getattr(pytest.mark, engine)]
+def tier_stats(target: str) -> dict:
+    """``prefixkv tier stats TARGET --json`` (this checkout, this interpreter): the operator's view."""
+    proc = subprocess.run([sys.executable, "-m", "prefixkv", "tier", "stats", target, "--json"], capture_output=True,
+                          text=True, timeout=60, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return json.loads(proc.stdout)

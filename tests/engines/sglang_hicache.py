@@ -174,6 +174,12 @@ def read_layout(spec: dict, layout: str) -> dict:
         out["bytes_equal"] = [loaded[j] == expected[j * page_bytes:(j + 1) * page_bytes] for j in range(len(loaded))]
     out["stats"] = stats_of(cc)
     out["fingerprint"] = cc.storage_backend.store.fingerprint.hex
+    port = getattr(cc.storage_backend, "metrics_port", None)
+    if port is not None:          # what Prometheus would scrape from this process
+        import urllib.request
+
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        out["metrics"] = [line for line in text.splitlines() if line.startswith("prefixkv_engine_")]
     cc.detach_storage_backend()
     return out
 

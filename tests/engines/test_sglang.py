@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
-from engine_runner import run
+from engine_runner import run, tier_stats
 from redis_fixtures import needs_redis, own_redis_server, redis_server  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.sglang]
@@ -29,16 +28,6 @@ def spec(tmp_path, store: str, **more) -> dict:
     extra = CAPACITY if store.startswith("disk://") else {}
     return {"store": store, "layouts": LAYOUTS, "model": "tiny-a", "pages": PAGES, "out": str(tmp_path / "out"),
             "extra": extra, **more}
-
-
-def tier_stats(target: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "prefixkv", "tier", "stats", target, "--json"], capture_output=True,
-                          text=True, timeout=60, check=True)
-    return json.loads(proc.stdout)
-
-
-def stores(tmp_path, server):
-    return {"disk": f"disk://{tmp_path / 'disk'}", "redis": server.url}
 
 
 @pytest.fixture(params=["disk", pytest.param("redis", marks=needs_redis)])
@@ -58,9 +47,13 @@ def test_write_then_fresh_process_prefetch_every_layout(tmp_path, store_url):
         assert w["completed_tokens"] == PAGES * PAGE and w["flushed"], (layout, w)
         assert w["stats"]["store"]["writes"] == PAGES and w["stats"]["errors"] == 0, (layout, w)
     assert len({w["fingerprint"] for w in wrote.values()}) == len(LAYOUTS)     # a layout is a namespace
-    got = run("sglang", "read", s, tmp_path)
+    scrape = {"extra": {**s["extra"], "metrics_port": 0}}
+    got = run("sglang", "read", {**s, **scrape}, tmp_path)
     for layout in LAYOUTS:
         r = got[layout]
+        kind = "disk" if store_url.startswith("disk://") else "redis"
+        series = f'prefixkv_engine_loaded_pages_total{{engine="sglang",fingerprint="{r["fingerprint"]}",store="{kind}"}}'
+        assert f"{series} {float(PAGES)}" in r["metrics"], (layout, r["metrics"])
         assert r["hit_tokens"] == PAGES * PAGE and r["completed_tokens"] == PAGES * PAGE, (layout, r)
         assert r["bytes_equal"] == [True] * PAGES, layout
         assert r["stats"]["hit_pages"] == PAGES and r["stats"]["loaded_pages"] == PAGES
@@ -131,3 +124,18 @@ def test_legacy_calls_write_the_values_v1_reads(tmp_path):
     got = run("sglang", "read", s, tmp_path)
     for layout, r in got.items():
         assert r["completed_tokens"] == PAGES * PAGE and r["bytes_equal"] == [True] * PAGES, (layout, r)
+
+
+def test_the_engine_bench_runs(tmp_path):
+    """benches/engine_backends_bench.py, once and small, so it cannot rot (no timing asserted)."""
+    from engine_runner import PYTHONS, REPO, absent, engine_env
+
+    reason = absent("sglang")
+    if reason:
+        pytest.skip(reason)
+    proc = subprocess.run([PYTHONS["sglang"], str(REPO / "benches" / "engine_backends_bench.py"), "--pages", "8",
+                           "--repeat", "1", "--json", "--dir", str(tmp_path / "bench")], capture_output=True,
+                          text=True, timeout=300, env=engine_env())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"disk"} <= set(out) and out["disk"]["batch_get_v1"]["median_ms"] > 0

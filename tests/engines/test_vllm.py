@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_runner import run
+from engine_runner import run, tier_stats
 from redis_fixtures import needs_redis, own_redis_server, redis_server  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.vllm]
@@ -43,6 +43,9 @@ def test_store_cascades_and_a_restarted_manager_hits(tmp_path, tier):
     assert got["settled"] and got["final"] == ["HIT"] * CHUNKS, got
     assert got["bytes_equal"] == [True] * CHUNKS
     assert got["stats"]["loaded_pages"] == CHUNKS and got["fingerprint"] == stored["fingerprint"]
+    if tier["store"].startswith("disk://"):            # the operator's view of what the tier wrote
+        found = {n["fingerprint"]: n["blocks"] for n in tier_stats(tier["store"])["namespaces"]}
+        assert found == {stored["fingerprint"]: CHUNKS}
 
 
 def test_faults_are_misses_counted_and_nothing_wrong_is_loaded(tmp_path, tier):

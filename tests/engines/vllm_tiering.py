@@ -152,8 +152,6 @@ def stats_of(manager) -> dict:
 
 
 def store(spec: dict) -> dict:
-    from vllm.v1.kv_offload.base import ReqContext
-
     manager, _scheduler = build(spec)
     try:
         return store_into(spec, manager)
