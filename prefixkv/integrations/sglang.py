@@ -100,14 +100,18 @@ class PrefixKVHiCacheStorage(HiCacheStorage):
             facts={"pp_rank": cfg.pp_rank, "pp_size": cfg.pp_size, "attn_cp_rank": cfg.attn_cp_rank,
                    "attn_cp_size": cfg.attn_cp_size, "dcp_rank": cfg.dcp_rank, "dcp_size": cfg.dcp_size})
         store = EngineStore(self.options, fingerprint, engine="sglang")
+        if self.options.metrics_port is not None:
+            try:
+                self.metrics, self.metrics_port = serve_metrics(store, self.options.metrics_port)
+            except Exception:
+                store.close()      # nothing changed: the attach fails with the port's error
+                raise
         if self.store is not None:
             self.store.close()
         super().register_mem_pool_host(mem_pool_host)
         self.store = store
         self.page_size = mem_pool_host.page_size
         self.layout = layout
-        if self.options.metrics_port is not None:
-            self.metrics, self.metrics_port = serve_metrics(store, self.options.metrics_port)
         logger.info("prefixkv HiCache backend: %s store %s, fingerprint %s, %d-byte pages", store.kind,
                     self.options.store, fingerprint.hex, store.page_bytes)
 

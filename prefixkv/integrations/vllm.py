@@ -107,6 +107,12 @@ class PrefixKVTier(SecondaryTierManager):
             head_dim=chunk_bytes // 2, tp_rank=parallel.rank % max(1, parallel.tp_size), tp_size=parallel.tp_size,
             layout=f"chunk/{config.kv_cache_layout or 'direct'}", facts=facts)
         self.store = EngineStore(parsed, fingerprint, engine="vllm")
+        if parsed.metrics_port is not None:
+            try:
+                self.metrics, self.metrics_port = serve_metrics(self.store, parsed.metrics_port)
+            except Exception:
+                self.store.close()
+                raise
         self._rows = np.frombuffer(primary_kv_view, dtype=np.uint8).reshape(rows, chunk_bytes)
         self._lookups = _Lookups(self, tier_type)
         self._jobs: queue.Queue = queue.Queue()
@@ -115,8 +121,6 @@ class PrefixKVTier(SecondaryTierManager):
         self._count_lock = threading.Lock()
         self._worker = threading.Thread(target=self._run, name=f"prefixkv-{tier_type}", daemon=True)
         self._worker.start()
-        if parsed.metrics_port is not None:
-            self.metrics, self.metrics_port = serve_metrics(self.store, parsed.metrics_port)
         logger.info("prefixkv vLLM tier: %s store %s, fingerprint %s, %d-byte chunks", self.store.kind, parsed.store,
                     fingerprint.hex, chunk_bytes)
 

@@ -179,3 +179,19 @@ def test_prometheus_series(tmp_path):
     assert f"prefixkv_engine_written_pages_total{{{labels}}} 3.0" in text
     assert f"prefixkv_engine_queued_pages_total{{{labels}}} 3.0" in text
     store.close()
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_the_engine_modules_say_what_they_need_where_the_engine_is_absent(engine):
+    """prefixkv's own venv has neither engine: importing the backend is one clear ImportError."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec(engine) is not None:
+        pytest.skip(f"{engine} is installed here")
+    proc = subprocess.run([sys.executable, "-c", f"import prefixkv.integrations.{engine}"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: prefixkv.integrations.") and "needs" in last and "README" in last, last
