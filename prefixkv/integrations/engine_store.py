@@ -242,15 +242,16 @@ class EngineStore:
             self._count["hit_pages"] += sum(out)
             return out
 
-    def load(self, keys: Sequence[bytes]) -> Fetched:
+    def load(self, keys: Sequence[bytes], into=None) -> Fetched:
         """Verified payloads of the leading loadable pages of ``keys`` (memoryviews, ``page_bytes``
-        each); ``stop`` says why it ended early."""
+        each); ``stop`` says why it ended early. ``into(j, payload)``: each payload handed over as
+        it is verified (valid during the call), not kept."""
         names = self._names(keys)
         with self._lock:
             self._count["loads"] += 1
             self._count["load_pages"] += len(names)
             try:
-                got = self.store.get_many(names, None, keys, chained=False) if names else Fetched([])
+                got = self.store.get_many(names, None, keys, chained=False, into=into) if names else Fetched([])
             except Exception:
                 self._failed("load")
                 got = Fetched([], "error")

@@ -153,13 +153,16 @@ class PrefixKVHiCacheStorage(HiCacheStorage):
             return [False] * n
         names = self._keys(keys)
         self._check_indices(keys, host_indices)
-        got = self.store.load(names)
-        for page, payload in zip(self._regions(host_indices, got.count), got.payloads):
-            src = np.frombuffer(payload, dtype=np.uint8)
-            at = src.ctypes.data
-            for ptr, size in page:
-                ctypes.memmove(ptr, at, size)
+        regions = self._regions(host_indices, n)
+        memmove = ctypes.memmove
+
+        def into(j: int, payload) -> None:      # each page as it is verified: its bytes are still cached
+            at = np.frombuffer(payload, dtype=np.uint8).ctypes.data
+            for ptr, size in regions[j]:
+                memmove(ptr, at, size)
                 at += size
+
+        got = self.store.load(names, into)
         return [True] * got.count + [False] * (n - got.count)
 
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor, extra_info=None) -> List[bool]:

@@ -210,9 +210,12 @@ class PrefixKVTier(SecondaryTierManager):
         return JobResult(job_id=job_id, success=queued == len(keys), transfer_bytes=queued * self.block_size_bytes)
 
     def _load(self, job_id, offload_keys, keys, chunk_ids):
-        got = self.store.load(keys)
-        for c, payload in zip(chunk_ids, got.payloads):
-            self._rows[c] = np.frombuffer(payload, dtype=np.uint8)
+        rows = self._rows
+
+        def into(j: int, payload) -> None:     # each chunk as it is verified
+            rows[chunk_ids[j]] = np.frombuffer(payload, dtype=np.uint8)
+
+        got = self.store.load(keys, into)
         n = got.count
         nbytes = n * self.block_size_bytes
         if n == len(keys):

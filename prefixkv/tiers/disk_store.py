@@ -33,7 +33,8 @@ API contract:
   Synchronous; it never takes the namespace's lock, so it never waits for another process.
 * ``exists_each(keys) -> list[bool]``: per key, independent blocks (an engine's lookups).
   ``get_many`` / ``set_many`` take ``chained=False`` for independent blocks: every value's
-  parent is ``parent`` (an engine's keys commit to their prefix themselves).
+  parent is ``parent`` (an engine's keys commit to their prefix themselves); ``get_many(...,
+  into=f)`` hands each verified payload to ``f(j, payload)`` as it is verified instead of keeping it.
 * ``put(chain, start, payloads, contents=None) -> int`` /
   ``set_many(keys, payloads, parent=None, contents=None) -> int``: check everything,
   then queue for the background writer and return how many were queued, at once
@@ -322,29 +323,36 @@ class DiskBlockStore:
         return self._read_run(chain[start:stop], chain[start - 1] if start else self.root, contents)
 
     def get_many(self, keys: Sequence[bytes], parent: bytes | None = None,
-                 contents: Sequence[bytes] | None = None, chained: bool = True) -> Fetched:
+                 contents: Sequence[bytes] | None = None, chained: bool = True, into=None) -> Fetched:
         """Verified payloads of the leading loadable blocks of ``keys`` (consecutive blocks of one chain;
         ``parent`` is the hash before ``keys[0]``, None when ``keys[0]`` is block 0). ``chained=False``:
         the keys are independent blocks, each written with ``parent`` as its parent (``set_many`` with
-        ``chained=False``): an engine's own keys, which already commit to their prefix."""
+        ``chained=False``): an engine's own keys, which already commit to their prefix. ``into(j,
+        payload)``: each block's verified payload is handed to it as soon as it is verified (valid
+        during the call only) instead of kept (``payloads`` then holds None for each): a caller copying
+        into its own memory copies while the bytes are still in the CPU's cache."""
         self._check_open()
         self._check_keys("keys", keys)
         parent = self._check_parent(parent)
         self._check_contents(contents, len(keys), exact=False)
         if not isinstance(chained, bool):
             raise InvalidArgument("chained", f"expected True or False, got {chained!r}")
+        if into is not None and not callable(into):
+            raise InvalidArgument("into", f"expected a callable (index, payload), got {type(into).__name__}")
         if not len(keys):
             return Fetched([])
-        return self._read_run(keys, parent, contents, chained)
+        return self._read_run(keys, parent, contents, chained, into)
 
-    def _read_run(self, keys: Sequence[bytes], parent: bytes, contents, chained: bool = True) -> Fetched:
+    def _read_run(self, keys: Sequence[bytes], parent: bytes, contents, chained: bool = True,
+                  into=None) -> Fetched:
         self._count["fetches"] += 1
         index = self.index
         # One pass over the keys for paths, one lock for the sizes the reader reads without an fstat.
         paths = self.layout.block_paths(keys)
         parents = [parent, *keys[:-1]] if chained else [parent] * len(keys)
         payloads, sizes, stop, identity, read_ahead = load(paths, index.sizes(keys), keys, parents,
-                                                           contents, self.fingerprint, self.config.read_ahead)
+                                                           contents, self.fingerprint, self.config.read_ahead,
+                                                           into)
         if read_ahead:
             self._count["read_ahead_fetches"] += 1
         n = len(payloads)

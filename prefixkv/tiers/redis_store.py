@@ -428,8 +428,9 @@ class RedisBlockStore:
         return present.index(False) if False in present else len(present)
 
     def get_many(self, keys: Sequence[bytes], parent: bytes | None = None,
-                 contents: Sequence[bytes] | None = None, chained: bool = True) -> Fetched:
-        """Verified payloads of the leading loadable blocks of ``keys``, named by ``own_keys``.
+                 contents: Sequence[bytes] | None = None, chained: bool = True, into=None) -> Fetched:
+        """Verified payloads of the leading loadable blocks of ``keys``, named by ``own_keys``
+        (``into(j, payload)``: each handed over as it is verified, not kept, as ``DiskBlockStore``'s).
         As ``DiskBlockStore.get_many``: ``keys`` are consecutive blocks of one chain after
         ``parent`` (None: the root), or with ``chained=False`` independent blocks whose every
         value has ``parent`` as its parent. Stops at the first absent, refused or unreachable
@@ -439,6 +440,8 @@ class RedisBlockStore:
         parent = self._check_parent(parent)
         if not isinstance(chained, bool):
             raise InvalidArgument("chained", f"expected True or False, got {chained!r}")
+        if into is not None and not callable(into):
+            raise InvalidArgument("into", f"expected a callable (index, payload), got {type(into).__name__}")
         if contents is not None:
             if len(contents) < len(keys):
                 raise InvalidArgument("contents", f"{len(contents)} entries for {len(keys)} blocks")
@@ -477,6 +480,9 @@ class RedisBlockStore:
                         self.writer.delete(part[j])
                         out.stop, stopped = result, True
                         break
+                    if into is not None:
+                        into(i, result)
+                        result = None
                     out.payloads.append(result)
                 if stopped:
                     break

@@ -82,6 +82,10 @@ def test_pages_round_trip_and_the_leading_run_ends_at_the_first_absent(store):
     assert got.count == 4 and got.stop is None and [bytes(p) for p in got.payloads] == data[4:]
     s = store.stats()
     assert s["loaded_pages"] == 7 and s["stops"] == {"miss": 1} and s["store"]["writes"] == 7
+    # into: each verified page handed over as it is verified, none kept
+    seen = []
+    got = store.load(k, lambda j, payload: seen.append((j, bytes(payload))))
+    assert got.count == 3 and got.payloads == [None] * 3 and seen == list(enumerate(data[:3]))
 
 
 def test_a_digest_collision_reads_as_a_content_reject_never_as_the_other_page(tmp_path):
