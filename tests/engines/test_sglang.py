@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from engine_runner import run, tier_stats
-from redis_fixtures import needs_redis, own_redis_server, redis_server  # noqa: F401 (fixtures)
+from redis_fixtures import cluster_url, needs_redis, own_redis_server, redis_cluster, redis_server  # noqa: F401
 
 pytestmark = [pytest.mark.sglang]
 
@@ -65,6 +65,20 @@ def test_write_then_fresh_process_prefetch_every_layout(tmp_path, store_url):
     else:
         nodes = tier_stats(store_url)["nodes"]
         assert sum(n["keys"] for n in nodes) == PAGES * len(LAYOUTS)
+
+
+@pytest.mark.redis
+def test_a_redis_cluster_store(tmp_path, redis_cluster):  # noqa: F811
+    """redis+cluster:// in the extra config: pages spread over the three masters by their own
+    keys' slots; a fresh process prefetches them all, bytes equal."""
+    s = spec(tmp_path, cluster_url(redis_cluster), layouts=["page_first", "layer_first"], pages=12)
+    wrote = run("sglang", "write", s, tmp_path)
+    assert all(w["stats"]["store"]["writes"] == 12 for w in wrote.values()), wrote
+    got = run("sglang", "read", s, tmp_path)
+    for layout, r in got.items():
+        assert r["completed_tokens"] == 12 * PAGE and r["bytes_equal"] == [True] * 12, (layout, r)
+    keys = [int(n.command("DBSIZE").split(b":")[1].split(b"\r")[0]) for n in redis_cluster]
+    assert sum(keys) == 24 and all(k > 0 for k in keys), keys
 
 
 def test_faults_are_misses_counted_and_nothing_wrong_is_loaded(tmp_path, store_url):
