@@ -188,11 +188,13 @@ def _read_whole(fd: int, size: int | None):
 
 def load(paths: Sequence[str], sizes: Sequence[int | None] | None, keys: Sequence[bytes],
          parents: Sequence[bytes], contents, fingerprint: Fingerprint,
-         window: int) -> tuple[list, list, object, object, bool]:
+         window: int, into=None) -> tuple[list, list, object, object, bool]:
     """``(payloads, file sizes, stop, identity, read ahead)``: the verified payloads of the leading
     served blocks, the sizes of their files, where it stopped (None: every block served;
     ``"miss"``, ``"error"``, or the ``Reject`` with the refused file's identity), and whether the
-    run read ahead (found the page cache cold)."""
+    run read ahead (found the page cache cold). ``into(j, payload)``: each verified payload is
+    handed over as soon as it is verified (while its bytes are still in the CPU's cache) and not
+    kept: ``payloads`` then holds None for each."""
     payloads: list = []
     served: list = []
     append, served_size = payloads.append, served.append
@@ -205,6 +207,9 @@ def load(paths: Sequence[str], sizes: Sequence[int | None] | None, keys: Sequenc
             result = decode(value, fingerprint, key, parents[j], None if contents is None else contents[j])
             if result.__class__ is not memoryview:
                 return payloads, served, result, reader.identity(), reader.read_ahead
+            if into is not None:
+                into(j, result)
+                result = None
             append(result)
             served_size(len(value))
         return payloads, served, None, None, reader.read_ahead

@@ -31,6 +31,10 @@ API contract:
   cold (sampled with ``RWF_NOWAIT``), the next ``read_ahead`` files are opened and their
   reads started while one is verified (``disk_reader``; ``stats().read_ahead_fetches``).
   Synchronous; it never takes the namespace's lock, so it never waits for another process.
+* ``exists_each(keys) -> list[bool]``: per key, independent blocks (an engine's lookups).
+  ``get_many`` / ``set_many`` take ``chained=False`` for independent blocks: every value's
+  parent is ``parent`` (an engine's keys commit to their prefix themselves); ``get_many(...,
+  into=f)`` hands each verified payload to ``f(j, payload)`` as it is verified instead of keeping it.
 * ``put(chain, start, payloads, contents=None) -> int`` /
   ``set_many(keys, payloads, parent=None, contents=None) -> int``: check everything,
   then queue for the background writer and return how many were queued, at once
@@ -275,6 +279,17 @@ class DiskBlockStore:
         self._check_keys("keys", keys)
         return self._leading(keys, 0) if len(keys) else 0
 
+    def exists_each(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each of ``keys`` (independent blocks, in any order) is on disk: a hint, like ``probe``."""
+        self._check_open()
+        self._check_keys("keys", keys)
+        self._count["probes"] += 1
+        index, out = self.index, []
+        for key in keys:
+            out.append(key in index or self._learn(key))
+        self._count["probe_blocks"] += sum(out)
+        return out
+
     def _leading(self, keys: Sequence[bytes], start: int) -> int:
         self._count["probes"] += 1
         index, n = self.index, 0
@@ -308,24 +323,36 @@ class DiskBlockStore:
         return self._read_run(chain[start:stop], chain[start - 1] if start else self.root, contents)
 
     def get_many(self, keys: Sequence[bytes], parent: bytes | None = None,
-                 contents: Sequence[bytes] | None = None) -> Fetched:
+                 contents: Sequence[bytes] | None = None, chained: bool = True, into=None) -> Fetched:
         """Verified payloads of the leading loadable blocks of ``keys`` (consecutive blocks of one chain;
-        ``parent`` is the hash before ``keys[0]``, None when ``keys[0]`` is block 0)."""
+        ``parent`` is the hash before ``keys[0]``, None when ``keys[0]`` is block 0). ``chained=False``:
+        the keys are independent blocks, each written with ``parent`` as its parent (``set_many`` with
+        ``chained=False``): an engine's own keys, which already commit to their prefix. ``into(j,
+        payload)``: each block's verified payload is handed to it as soon as it is verified (valid
+        during the call only) instead of kept (``payloads`` then holds None for each): a caller copying
+        into its own memory copies while the bytes are still in the CPU's cache."""
         self._check_open()
         self._check_keys("keys", keys)
         parent = self._check_parent(parent)
         self._check_contents(contents, len(keys), exact=False)
+        if not isinstance(chained, bool):
+            raise InvalidArgument("chained", f"expected True or False, got {chained!r}")
+        if into is not None and not callable(into):
+            raise InvalidArgument("into", f"expected a callable (index, payload), got {type(into).__name__}")
         if not len(keys):
             return Fetched([])
-        return self._read_run(keys, parent, contents)
+        return self._read_run(keys, parent, contents, chained, into)
 
-    def _read_run(self, keys: Sequence[bytes], parent: bytes, contents) -> Fetched:
+    def _read_run(self, keys: Sequence[bytes], parent: bytes, contents, chained: bool = True,
+                  into=None) -> Fetched:
         self._count["fetches"] += 1
         index = self.index
         # One pass over the keys for paths, one lock for the sizes the reader reads without an fstat.
         paths = self.layout.block_paths(keys)
-        payloads, sizes, stop, identity, read_ahead = load(paths, index.sizes(keys), keys, [parent, *keys[:-1]],
-                                                           contents, self.fingerprint, self.config.read_ahead)
+        parents = [parent, *keys[:-1]] if chained else [parent] * len(keys)
+        payloads, sizes, stop, identity, read_ahead = load(paths, index.sizes(keys), keys, parents,
+                                                           contents, self.fingerprint, self.config.read_ahead,
+                                                           into)
         if read_ahead:
             self._count["read_ahead_fetches"] += 1
         n = len(payloads)
@@ -360,15 +387,18 @@ class DiskBlockStore:
         return self._queue(chain[start:start + n], chain[start - 1] if start else self.root, payloads, contents)
 
     def set_many(self, keys: Sequence[bytes], payloads: Sequence, parent: bytes | None = None,
-                 contents: Sequence[bytes] | None = None) -> int:
-        """Queue ``payloads[j]`` as block ``keys[j]`` (consecutive blocks; ``parent`` as in ``get_many``)."""
+                 contents: Sequence[bytes] | None = None, chained: bool = True) -> int:
+        """Queue ``payloads[j]`` as block ``keys[j]`` (consecutive blocks; ``parent`` and ``chained`` as in
+        ``get_many``)."""
         self._check_open()
         if len(payloads) != len(keys):
             raise InvalidArgument("payloads", f"{len(payloads)} payloads for {len(keys)} keys")
         self._check_keys("keys", keys)
-        return self._queue(keys, self._check_parent(parent), payloads, contents)
+        if not isinstance(chained, bool):
+            raise InvalidArgument("chained", f"expected True or False, got {chained!r}")
+        return self._queue(keys, self._check_parent(parent), payloads, contents, chained)
 
-    def _queue(self, keys, parent: bytes, payloads, contents) -> int:
+    def _queue(self, keys, parent: bytes, payloads, contents, chained: bool = True) -> int:
         n = len(payloads)
         block_bytes = self.fingerprint.block_bytes
         views = [payload_view(payload, j, block_bytes) for j, payload in enumerate(payloads)]
@@ -381,7 +411,7 @@ class DiskBlockStore:
             return 0
         items = []
         for j in range(n):
-            items.append(Pending(keys[j], keys[j - 1] if j else parent, views[j],
+            items.append(Pending(keys[j], keys[j - 1] if j and chained else parent, views[j],
                                  None if contents is None else bytes(contents[j]), block_bytes))
         return self.writer.offer(items)
 

@@ -106,6 +106,17 @@ class KeySpace:
             raise
         return out
 
+    def own_keys(self, hashes: Sequence[bytes]) -> list[bytes]:
+        """Keys of independent blocks named by their own hash (no chain): each is tagged by its own
+        hash, so it has a slot of its own in a cluster. The shape of every other block key (the
+        ``block_key_shape``), so ``tier stats`` and ``clear`` count and delete them alike."""
+        base = self._base
+        out = []
+        for h in hashes:
+            text = h.hex().encode()
+            out.append(b"%s{%s}:%s" % (base, text[:_TAG_HEX], text))
+        return out
+
     def group_ranges(self, start: int, stop: int) -> list[tuple[int, int]]:
         """``[a, b)`` ranges covering ``start .. stop-1``, cut at tag-group boundaries (one slot per
         range) and at most ``group`` blocks long."""

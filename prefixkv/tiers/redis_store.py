@@ -34,6 +34,10 @@ API contract (what a tier adapter can rely on):
   once written: a racing writer cannot replace it), drops writes to a node
   whose breaker is open, and counts everything. ``flush(timeout_s)`` waits for
   the queue (tests, shutdown).
+* ``exists_each(keys)`` / ``exists_leading(keys)`` / ``get_many(keys, parent, contents, chained)`` /
+  ``set_many(keys, payloads, parent, contents, chained)``: the same calls by key as
+  ``DiskBlockStore``'s, for independent blocks named by their own hash (``KeySpace.own_keys``):
+  an engine's storage interface, which holds keys, not chains (issue 27).
 * ``reads_synchronous = True``, ``writes_synchronous = False``.
 * ``stats()``: a ``StoreStats`` snapshot; ``capacity_blocks()``, ``server_stats()``
   and ``clear(fingerprint_hex=None)`` are operator calls: they make round trips
@@ -357,6 +361,198 @@ class RedisBlockStore:
                     return False
                 out.payloads.append(result)
         return True
+
+    # -- by key: an engine's storage interface (issue 27) -----------------------------
+    # Independent blocks named by their own hash (``KeySpace.own_keys``), the faces of
+    # ``DiskBlockStore``: ``exists_leading`` / ``exists_each`` / ``get_many`` / ``set_many``.
+    # One round trip per node for each call; a standalone server answers a fetch with MGETs of
+    # about ``batch_bytes``, a cluster with pipelined GETs (every key has a slot of its own).
+    def _check_hashes(self, name: str, keys: Sequence[bytes]) -> None:
+        size = self.fingerprint.hash_size
+        for i, key in enumerate(keys):
+            if not isinstance(key, bytes) or len(key) != size:
+                raise InvalidArgument(name, f"block hash {i} is not {size} bytes "
+                                            f"({self.fingerprint.hash_algorithm}): {key!r:.40}")
+
+    def _check_parent(self, parent) -> bytes:
+        if parent is None:
+            return self.root
+        if not isinstance(parent, bytes) or len(parent) != self.fingerprint.hash_size:
+            raise InvalidArgument("parent", f"expected the {self.fingerprint.hash_size}-byte hash before the "
+                                            f"first key (or None for block 0), got {parent!r:.40}")
+        return parent
+
+    def exists_each(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each of ``keys`` (independent blocks) is on the server now: a hint. Every key
+        of an unreachable node (or with every breaker open) reads as absent."""
+        self._check_open()
+        self._check_hashes("keys", keys)
+        if not len(keys):
+            return []
+        if self.topology.all_down():
+            self._count["short_circuits"] += 1
+            return [False] * len(keys)
+        self._count["probes"] += 1
+        names = self.keys.own_keys(keys)
+        per_node: dict[str, tuple[Node, list]] = {}
+        where = []
+        with self._fg:
+            for name in names:
+                node = self.topology.node_for(name)
+                if node is None:
+                    where.append(None)
+                    continue
+                entry = per_node.setdefault(node.name, (node, []))
+                where.append((node.name, len(entry[1])))
+                entry[1].append(("EXISTS", name))
+            replies = send_all(per_node.values())
+        # a failed node is counted once per call, not once per key
+        self._count["read_errors"] += sum(1 for r in replies.values()
+                                          if isinstance(r, Exception) and not isinstance(r, NodeDown))
+        out = []
+        for slot in where:
+            reply = None if slot is None else replies[slot[0]]
+            if reply is None or isinstance(reply, Exception):
+                out.append(False)
+                continue
+            value = reply[slot[1]]
+            if not isinstance(value, int):
+                self._server_error(value)
+            out.append(value == 1)
+        self._count["probe_blocks"] += sum(out)
+        return out
+
+    def exists_leading(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys`` (independent blocks) are on the server, from the first, before one is missing."""
+        present = self.exists_each(keys)
+        return present.index(False) if False in present else len(present)
+
+    def get_many(self, keys: Sequence[bytes], parent: bytes | None = None,
+                 contents: Sequence[bytes] | None = None, chained: bool = True, into=None) -> Fetched:
+        """Verified payloads of the leading loadable blocks of ``keys``, named by ``own_keys``
+        (``into(j, payload)``: each handed over as it is verified, not kept, as ``DiskBlockStore``'s).
+        As ``DiskBlockStore.get_many``: ``keys`` are consecutive blocks of one chain after
+        ``parent`` (None: the root), or with ``chained=False`` independent blocks whose every
+        value has ``parent`` as its parent. Stops at the first absent, refused or unreachable
+        block, as ``fetch`` does."""
+        self._check_open()
+        self._check_hashes("keys", keys)
+        parent = self._check_parent(parent)
+        if not isinstance(chained, bool):
+            raise InvalidArgument("chained", f"expected True or False, got {chained!r}")
+        if into is not None and not callable(into):
+            raise InvalidArgument("into", f"expected a callable (index, payload), got {type(into).__name__}")
+        if contents is not None:
+            if len(contents) < len(keys):
+                raise InvalidArgument("contents", f"{len(contents)} entries for {len(keys)} blocks")
+            for j in range(len(keys)):
+                if not isinstance(contents[j], (bytes, bytearray, memoryview)):
+                    raise InvalidArgument("contents", f"content {j} is {type(contents[j]).__name__}, not bytes")
+        out = Fetched([])
+        if not len(keys):
+            return out
+        if self.topology.all_down():
+            self._count["short_circuits"] += 1
+            out.stop = "error"
+            return out
+        self._count["fetches"] += 1
+        names = self.keys.own_keys(keys)
+        fp = self.fingerprint
+        batch = self._batch_keys
+        with self._fg:
+            for at in range(0, len(names), batch):
+                part = names[at:at + batch]
+                values = self._get_values(part)
+                if isinstance(values, str):
+                    out.stop = values
+                    break
+                stopped = False
+                for j, value in enumerate(values):
+                    i = at + j
+                    if value is None:
+                        self._count["fetch_misses"] += 1
+                        out.stop, stopped = "miss", True
+                        break
+                    result = decode(value, fp, keys[i], keys[i - 1] if chained and i else parent,
+                                    None if contents is None else contents[i])
+                    if isinstance(result, Reject):
+                        self._rejected[result.value] = self._rejected.get(result.value, 0) + 1
+                        self.writer.delete(part[j])
+                        out.stop, stopped = result, True
+                        break
+                    if into is not None:
+                        into(i, result)
+                        result = None
+                    out.payloads.append(result)
+                if stopped:
+                    break
+        self._count["blocks_loaded"] += out.count
+        self._count["bytes_loaded"] += out.count * fp.block_bytes
+        return out
+
+    def _get_values(self, names: list[bytes]):
+        """The values of ``names`` in order (None where absent), or ``"error"`` when one could not be read."""
+        per_node: dict[str, tuple[Node, list, list]] = {}
+        where = []
+        for name in names:
+            node = self.topology.node_for(name)
+            if node is None:
+                return "error"
+            entry = per_node.setdefault(node.name, (node, [], []))
+            where.append((node.name, len(entry[2])))
+            entry[2].append(name)
+        commands = []
+        for node, cmds, node_names in per_node.values():
+            if self.topology.cluster:
+                cmds.extend(("GET", name) for name in node_names)
+            else:
+                cmds.append(("MGET", *node_names))
+            commands.append((node, cmds))
+        replies = send_all(commands)
+        values = {}
+        for name, (node, cmds, node_names) in per_node.items():
+            reply = replies[name]
+            if isinstance(reply, Exception):
+                self._count["read_errors"] += not isinstance(reply, NodeDown)
+                return "error"
+            flat = reply if self.topology.cluster else reply[0]
+            if isinstance(flat, Exception) or any(isinstance(v, Exception) for v in flat):
+                self._server_error(flat if isinstance(flat, Exception) else next(v for v in flat if isinstance(v, Exception)))
+                return "error"
+            values[name] = flat
+        return [values[name][index] for name, index in where]
+
+    def set_many(self, keys: Sequence[bytes], payloads: Sequence, parent: bytes | None = None,
+                 contents: Sequence[bytes] | None = None, chained: bool = True) -> int:
+        """Queue ``payloads[j]`` as block ``keys[j]`` (named by ``own_keys``; ``parent`` and ``chained``
+        as in ``get_many``) for the background writer; returns how many were queued."""
+        self._check_open()
+        if len(payloads) != len(keys):
+            raise InvalidArgument("payloads", f"{len(payloads)} payloads for {len(keys)} keys")
+        self._check_hashes("keys", keys)
+        parent = self._check_parent(parent)
+        if not isinstance(chained, bool):
+            raise InvalidArgument("chained", f"expected True or False, got {chained!r}")
+        block_bytes = self.fingerprint.block_bytes
+        views = [payload_view(payload, j, block_bytes) for j, payload in enumerate(payloads)]
+        if contents is not None:
+            if len(contents) != len(keys):
+                raise InvalidArgument("contents", f"{len(contents)} entries for {len(keys)} payloads")
+            for j, content in enumerate(contents):
+                if not isinstance(content, (bytes, bytearray, memoryview)):
+                    raise InvalidArgument("contents", f"content {j} is {type(content).__name__}, not bytes")
+        n = len(keys)
+        self._count["puts"] += n
+        if n == 0:
+            return 0
+        if self.topology.all_down():
+            self._count["short_circuits"] += 1
+            self._count["dropped_down"] += n
+            return 0
+        names = self.keys.own_keys(keys)
+        items = [Pending(names[j], keys[j], keys[j - 1] if chained and j else parent, views[j],
+                         None if contents is None else bytes(contents[j]), block_bytes) for j in range(n)]
+        return self.writer.offer(items)
 
     # -- writes ----------------------------------------------------------------
     def put(self, chain: Sequence[bytes], start: int, payloads: Sequence, contents: Sequence[bytes] | None = None) -> int:
