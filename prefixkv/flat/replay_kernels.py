@@ -12,10 +12,14 @@ import math
 
 import numpy as np
 
+from .replay_layout import (B_DEPTH, B_KNEXT, B_KPREV, B_PARENT, BF_BASE, BF_VALUE, FP_CLOCK, FP_DEPTH_COST,
+                              FP_ORPHAN, GDSF, IP_EVICTED_PARENT, IP_HEAP2, IP_INHERIT, LEAF_LRU)
 from .replay_layout import (ARC, C_CACHED, C_CACHED_W, C_EVICTIONS, C_EVICTIONS_W, C_UNUSED, C_UNUSED_CACHED,
-                              C_UNUSED_W, FIFO, FP_P, IP_ACCESSES, IP_CAPACITY, IP_GHOST_SIZE, IP_HALF_LIFE,
-                              IP_HEAP, IP_LIMIT, IP_MAXFREQ, IP_MOVE, IP_NUM_PROTECTED, IP_SIZE1, IP_SIZE2,
-                              IP_SMALL_TARGET, IP_TICKET, LFU, LRU, NONE, S3FIFO, SLRU, UNSET)
+                              C_UNUSED_W, CLOCK, FIFO, FP_P, IP_ACCESSES, IP_CAPACITY, IP_GHOST_SIZE, IP_HALF_LIFE,
+                              IP_HAND, IP_HEAP, IP_INIT_FREQ, IP_LIFETIME, IP_LIMIT, IP_MAXFREQ, IP_MOVE,
+                              IP_NUM_PROTECTED, IP_PENDING, IP_PUSHED, IP_PUSHED_VALUE, IP_QUEUES, IP_SIZE1,
+                              IP_SIZE2, IP_SMALL_TARGET, IP_TICKET, IP_VTIME, LFU, LRU, MQ, NONE, S3FIFO, SIEVE,
+                              SLRU, TWOQ, UNSET)
 from .kernels import _jit
 
 
@@ -50,6 +54,20 @@ def _cut(prev, nxt, where, ends, b):
         prev[n] = p
     where[b] = -1
     ends[q, 2] -= 1
+
+
+@_jit(nogil=True, inline="always")
+def _push_front(prev, nxt, where, ends, q, b):
+    head = ends[q, 0]
+    nxt[b] = head
+    prev[b] = NONE
+    if head == NONE:
+        ends[q, 1] = b
+    else:
+        prev[head] = b
+    ends[q, 0] = b
+    ends[q, 2] += 1
+    where[b] = q
 
 
 @_jit(nogil=True, inline="always")
@@ -150,11 +168,191 @@ def _heap_remove(heap, pos, ke, kw, kt, ip, b):
         _sift_up(heap, pos, ke, kw, kt, i)
 
 
+# -- a binary heap keyed (kf, kt) (float, ticket) at heap[base:], its size in ip[slot] (leaf-LRU, GDSF) ----
+
+@_jit(nogil=True, inline="always")
+def _hbefore(kf, kt, a, b):
+    if kf[a] != kf[b]:
+        return kf[a] < kf[b]
+    return kt[a] < kt[b]
+
+
+@_jit(nogil=True, inline="always")
+def _hup(heap, base, pos, kf, kt, i):
+    b = heap[base + i]
+    while i > 0:
+        parent = (i - 1) >> 1
+        p = heap[base + parent]
+        if not _hbefore(kf, kt, b, p):
+            break
+        heap[base + i] = p
+        pos[p] = i
+        i = parent
+    heap[base + i] = b
+    pos[b] = i
+
+
+@_jit(nogil=True, inline="always")
+def _hdown(heap, base, pos, kf, kt, i, n):
+    b = heap[base + i]
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        if child + 1 < n and _hbefore(kf, kt, heap[base + child + 1], heap[base + child]):
+            child += 1
+        c = heap[base + child]
+        if not _hbefore(kf, kt, c, b):
+            break
+        heap[base + i] = c
+        pos[c] = i
+        i = child
+    heap[base + i] = b
+    pos[b] = i
+
+
+@_jit(nogil=True, inline="always")
+def _hpush(heap, base, pos, kf, kt, ip, slot, b):
+    n = ip[slot]
+    heap[base + n] = b
+    ip[slot] = n + 1
+    _hup(heap, base, pos, kf, kt, n)
+
+
+@_jit(nogil=True, inline="always")
+def _hremove(heap, base, pos, kf, kt, ip, slot, b):
+    i = pos[b]
+    n = ip[slot] - 1
+    ip[slot] = n
+    pos[b] = -1
+    if i == n:
+        return
+    last = heap[base + n]
+    heap[base + i] = last
+    pos[last] = i
+    _hdown(heap, base, pos, kf, kt, i, n)
+    if heap[base + i] == last:
+        _hup(heap, base, pos, kf, kt, i)
+
+
+@_jit(nogil=True, inline="always")
+def _hrekey(heap, base, pos, kf, kt, ip, slot, b):
+    """``b``'s key changed in place: back to its place in the heap."""
+    i = pos[b]
+    _hdown(heap, base, pos, kf, kt, i, ip[slot])
+    if heap[base + i] == b:
+        _hup(heap, base, pos, kf, kt, i)
+
+
+# -- GDSF's candidates per parent id (those keyed as non-orphans): a list through bint ----------------
+
+@_jit(nogil=True, inline="always")
+def _kid_add(bint, kid_head, jval, p, b):
+    head = kid_head[p]
+    bint[b, B_KNEXT] = head
+    bint[b, B_KPREV] = NONE
+    if head != NONE:
+        bint[head, B_KPREV] = b
+    kid_head[p] = b
+    jval[b] = p
+
+
+@_jit(nogil=True, inline="always")
+def _kid_remove(bint, kid_head, jval, b):
+    p = jval[b]
+    before = bint[b, B_KPREV]
+    after = bint[b, B_KNEXT]
+    if before == NONE:
+        kid_head[p] = after
+    else:
+        bint[before, B_KNEXT] = after
+    if after != NONE:
+        bint[after, B_KPREV] = before
+    jval[b] = NONE
+
+
 # -- the policies' events ----------------------------------------------------------------------------
 
 @_jit(nogil=True, inline="always")
 def _ghost_add(gprev, gnxt, gwhere, gends, g, h):
     _push(gprev, gnxt, gwhere, gends, g, h)
+
+
+@_jit(nogil=True, inline="always")
+def _bounded_ghost_add(gprev, gnxt, gwhere, gends, gval, g, h, value, limit, ip):
+    """``GhostList.add``: ``h`` (no ghost now: a cached id never is) newest, the oldest pushed out past
+    ``limit`` and remembered until the next take."""
+    _push(gprev, gnxt, gwhere, gends, g, h)
+    gval[h] = value
+    if gends[g, 2] > limit:
+        old = _pop_head(gprev, gnxt, gwhere, gends, g)
+        ip[IP_PUSHED] = old
+        ip[IP_PUSHED_VALUE] = gval[old]
+    else:
+        ip[IP_PUSHED] = NONE
+
+
+@_jit(nogil=True, inline="always")
+def _bounded_ghost_take(gprev, gnxt, gwhere, gends, gval, g, h, ip):
+    """``GhostList.take``: ``h``'s value (>= 0) if it is a ghost of list ``g`` or the entry the latest
+    add pushed out, else -1; a found ghost leaves room for the pushed-out entry, oldest again."""
+    pushed = ip[IP_PUSHED]
+    ip[IP_PUSHED] = NONE
+    if gwhere[h] == g:
+        _cut(gprev, gnxt, gwhere, gends, h)
+        value = gval[h]
+        if pushed != NONE:
+            _push_front(gprev, gnxt, gwhere, gends, g, pushed)
+            gval[pushed] = ip[IP_PUSHED_VALUE]
+        return value
+    if pushed == h:
+        return ip[IP_PUSHED_VALUE]
+    return -1
+
+
+@_jit(nogil=True, inline="always")
+def _mq_access(b, freq, ival, jval, kt, ip):
+    ival[b] = freq
+    q = 0
+    while freq > 1:                 # floor(log2(freq))
+        freq >>= 1
+        q += 1
+    jval[b] = min(q, ip[IP_QUEUES] - 1)
+    kt[b] = ip[IP_VTIME] + ip[IP_LIFETIME]
+    ip[IP_VTIME] += 1
+    ip[IP_PENDING] += 1
+
+
+@_jit(nogil=True, inline="always")
+def _mq_adjust(prev, nxt, where, ends, jval, kt, ip):
+    """MQ's owed Adjust runs, each at its own virtual time: the least recent candidate of each
+    queue above 0 whose expiry passed moves down one queue."""
+    end = ip[IP_VTIME]
+    queues = ip[IP_QUEUES]
+    lifetime = ip[IP_LIFETIME]
+    for vtime in range(end - ip[IP_PENDING] + 1, end + 1):
+        for k in range(1, queues):
+            if ends[k, 2]:
+                b = ends[k, 0]
+                if kt[b] < vtime:
+                    _cut(prev, nxt, where, ends, b)
+                    _push(prev, nxt, where, ends, k - 1, b)
+                    jval[b] = k - 1
+                    kt[b] = vtime + lifetime
+    ip[IP_PENDING] = 0
+
+
+@_jit(nogil=True, inline="always")
+def _leaf_move(heap, pos, where, fval, kt, ip, b, to):
+    """A leaf-LRU candidate changes heap (0: leaves, 1: inner), its release ticket kept."""
+    blocks = pos.shape[0]
+    if to == 1:
+        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+        _hpush(heap, blocks, pos, fval, kt, ip, IP_HEAP2, b)
+    else:
+        _hremove(heap, blocks, pos, fval, kt, ip, IP_HEAP2, b)
+        _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+    where[b] = to
 
 
 @_jit(nogil=True, inline="always")
@@ -174,7 +372,8 @@ def _lfu_epoch(ip):
 
 
 @_jit(nogil=True, inline="always")
-def _on_cached(kind, b, h, prev, nxt, where, ends, cursor, ival, fval, gprev, gnxt, gwhere, gends, ip, fp):
+def _on_cached(kind, b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint,
+               block_of_id, gprev, gnxt, gwhere, gends, gval, ip, fp):
     if kind == FIFO:
         _push_candidate(prev, nxt, where, ends, cursor, 0, b)     # held until its release: no candidate yet
     elif kind == SLRU:
@@ -206,10 +405,38 @@ def _on_cached(kind, b, h, prev, nxt, where, ends, cursor, ival, fval, gprev, gn
     elif kind == LFU:
         ival[b] = _lfu_epoch(ip)
         fval[b] = 1.0
+    elif kind == CLOCK:
+        _push(prev, nxt, where, ends, 0, b)                       # held in place until released
+        ival[b] = ip[IP_INIT_FREQ]
+    elif kind == SIEVE:
+        _push(prev, nxt, where, ends, 0, b)
+        ival[b] = 0                                               # unvisited
+    elif kind == TWOQ:
+        if _bounded_ghost_take(gprev, gnxt, gwhere, gends, gval, 0, h, ip) >= 0:
+            ival[b] = 1                                           # back from A1out: Am
+        else:
+            ival[b] = 0                                           # A1in, held in place
+            _push(prev, nxt, where, ends, 0, b)
+    elif kind == MQ:
+        freq = _bounded_ghost_take(gprev, gnxt, gwhere, gends, gval, 0, h, ip)
+        _mq_access(b, (freq if freq > 0 else 0) + 1, ival, jval, kt, ip)
+    elif kind == LEAF_LRU:
+        jval[b] = parent                                          # gval: cached blocks naming an id as parent
+        if parent >= 0:
+            n = gval[parent]
+            gval[parent] = n + 1
+            if n == 0:                                            # the parent stops being a leaf
+                p = block_of_id[parent]
+                if p >= 0 and where[p] == 0:
+                    _leaf_move(heap, pos, where, fval, kt, ip, p, 1)
+    elif kind == GDSF:
+        ival[b] = 1                                               # accesses
+        bint[b, B_DEPTH] = depth
+        bint[b, B_PARENT] = parent
 
 
 @_jit(nogil=True, inline="always")
-def _on_hit(kind, b, prev, nxt, where, ends, heap, pos, ival, fval, kt, ip):
+def _on_hit(kind, b, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, gval, ip):
     """A hit on ``b``, a candidate (between requests every cached block is one)."""
     if kind == LRU:
         _cut(prev, nxt, where, ends, b)
@@ -240,6 +467,28 @@ def _on_hit(kind, b, prev, nxt, where, ends, heap, pos, ival, fval, kt, ip):
             top += 1
         ival[b] = top
         fval[b] = w
+    elif kind == CLOCK:
+        if ival[b] < ip[IP_MAXFREQ]:
+            ival[b] += 1
+    elif kind == SIEVE:
+        ival[b] = 1                                               # visited
+    elif kind == TWOQ:
+        if ival[b]:                                               # Am: out of the LRU order; A1in: held in place
+            _cut(prev, nxt, where, ends, b)
+    elif kind == MQ:
+        _cut(prev, nxt, where, ends, b)
+        _mq_access(b, ival[b] + 1, ival, jval, kt, ip)
+    elif kind == LEAF_LRU:
+        if where[b] == 0:
+            _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+        else:
+            _hremove(heap, pos.shape[0], pos, fval, kt, ip, IP_HEAP2, b)
+        where[b] = -1
+    elif kind == GDSF:
+        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+        if jval[b] != NONE:
+            _kid_remove(bint, gval, jval, b)
+        ival[b] += 1
 
 
 @_jit(nogil=True, inline="always")
@@ -252,7 +501,8 @@ def _slru_demote_overflow(prev, nxt, where, ends, ival, ip):
 
 
 @_jit(nogil=True, inline="always")
-def _on_released(kind, b, prev, nxt, where, ends, heap, pos, ival, fval, kt, ip):
+def _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id,
+                 gval, gflt, ip, fp):
     if kind == LRU:
         _push(prev, nxt, where, ends, 0, b)
     elif kind == SLRU:
@@ -270,12 +520,52 @@ def _on_released(kind, b, prev, nxt, where, ends, heap, pos, ival, fval, kt, ip)
         heap[n] = b
         ip[IP_HEAP] = n + 1
         _sift_up(heap, pos, ival, fval, kt, n)
-    # FIFO, S3-FIFO: a held block keeps its place; releasing it only ends the hold
+    elif kind == TWOQ:
+        if ival[b]:
+            _push(prev, nxt, where, ends, 1, b)
+    elif kind == MQ:
+        _push(prev, nxt, where, ends, jval[b], b)
+        if ip[IP_PENDING]:
+            _mq_adjust(prev, nxt, where, ends, jval, kt, ip)
+    elif kind == LEAF_LRU:
+        kt[b] = ip[IP_TICKET]
+        ip[IP_TICKET] += 1
+        if gval[h]:
+            _hpush(heap, pos.shape[0], pos, fval, kt, ip, IP_HEAP2, b)
+            where[b] = 1
+        else:
+            _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+            where[b] = 0
+    elif kind == GDSF:
+        depth = bint[b, B_DEPTH]
+        value = ival[b] * (1.0 + fp[FP_DEPTH_COST] * depth)
+        if ip[IP_INHERIT]:
+            inherited = gflt[h]                                   # the best child's value since (0: none)
+            gflt[h] = 0.0
+            if inherited > value:
+                value = inherited
+        base = fp[FP_CLOCK]
+        parent = bint[b, B_PARENT] if depth else NONE
+        if parent != NONE and block_of_id[parent] < 0:           # an orphan: never hit again
+            priority = base + value * fp[FP_ORPHAN]
+        else:
+            priority = base + value
+            if parent != NONE:
+                _kid_add(bint, gval, jval, parent, b)
+                if ip[IP_INHERIT] and gflt[parent] < value:
+                    gflt[parent] = value
+        kt[b] = ip[IP_TICKET]
+        ip[IP_TICKET] += 1
+        fval[b] = priority
+        bflt[b, BF_BASE] = base
+        bflt[b, BF_VALUE] = value
+        _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+    # FIFO, S3-FIFO, CLOCK, SIEVE, 2Q's A1in: a held block keeps its place; releasing it only ends the hold
 
 
 @_jit(nogil=True, inline="always")
-def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, fval, kt,
-           id_of_block, gprev, gnxt, gwhere, gends, ip, fp):
+def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
+           id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ip, fp):
     """One victim, as the policy's ``evict`` chooses it (the caller drops its hash)."""
     if kind == LRU:
         return _pop_head(prev, nxt, where, ends, 0)
@@ -322,6 +612,106 @@ def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, f
         _ghost_add(gprev, gnxt, gwhere, gends, which, id_of_block[b])
         _arc_trim(gprev, gnxt, gwhere, gends, ip)
         return b
+    if kind == CLOCK:
+        while True:
+            b = _first_candidate(nxt, held, ends, cursor, 0)
+            _cut_candidate(prev, nxt, where, ends, cursor, b)
+            if ival[b]:                                           # second chance: back to the new end
+                ival[b] -= 1
+                _push_candidate(prev, nxt, where, ends, cursor, 0, b)
+                continue
+            return b
+    if kind == SIEVE:
+        # cursor[0]: where the hand's walk stands within this allocation (nothing is released
+        # meanwhile); ip[IP_HAND]: the block after the latest victim when a candidate followed it
+        # (the sweep starts at the first candidate from there), else NONE (from the oldest)
+        c = cursor[0]
+        if c == UNSET:
+            c = ip[IP_HAND]
+            if c == NONE:
+                c = ends[0, 0]
+        while True:
+            while c != NONE and held[c]:
+                c = nxt[c]
+            if c == NONE:                                         # past the newest: wrap to the oldest
+                c = ends[0, 0]
+                continue
+            if ival[c]:
+                ival[c] = 0
+                c = nxt[c]
+                continue
+            break
+        b = c
+        after = nxt[b]
+        _cut(prev, nxt, where, ends, b)
+        c = after
+        while c != NONE and held[c]:
+            c = nxt[c]
+        if c == NONE:
+            ip[IP_HAND] = NONE
+            cursor[0] = UNSET
+        else:
+            ip[IP_HAND] = after
+            cursor[0] = c
+        return b
+    if kind == TWOQ:
+        if ends[0, 2] - heldq[0] and (ends[0, 2] > ip[IP_LIMIT] or not ends[1, 2]):
+            b = _first_candidate(nxt, held, ends, cursor, 0)
+            _cut_candidate(prev, nxt, where, ends, cursor, b)
+            _bounded_ghost_add(gprev, gnxt, gwhere, gends, gval, 0, id_of_block[b], 0, ip[IP_GHOST_SIZE], ip)
+            return b
+        return _pop_head(prev, nxt, where, ends, 1)
+    if kind == MQ:
+        if ip[IP_PENDING]:
+            _mq_adjust(prev, nxt, where, ends, jval, kt, ip)
+        q = 0
+        while not ends[q, 2]:
+            q += 1
+        b = _pop_head(prev, nxt, where, ends, q)
+        _bounded_ghost_add(gprev, gnxt, gwhere, gends, gval, 0, id_of_block[b], ival[b], ip[IP_GHOST_SIZE], ip)
+        return b
+    if kind == LEAF_LRU:
+        blocks = pos.shape[0]
+        if ip[IP_HEAP]:
+            b = heap[0]
+            _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+        else:                                                     # no leaf waits: the oldest inner one
+            b = heap[blocks]
+            _hremove(heap, blocks, pos, fval, kt, ip, IP_HEAP2, b)
+        where[b] = -1
+        parent = jval[b]
+        if parent >= 0:
+            n = gval[parent] - 1
+            gval[parent] = n
+            if n == 0:                                            # its parent is a leaf again
+                p = block_of_id[parent]
+                if p >= 0 and where[p] == 1:
+                    _leaf_move(heap, pos, where, fval, kt, ip, p, 0)
+        return b
+    if kind == GDSF:
+        parent = ip[IP_EVICTED_PARENT]
+        if parent != NONE:                                        # its waiting children are orphans now
+            ip[IP_EVICTED_PARENT] = NONE
+            if block_of_id[parent] < 0:
+                c = gval[parent]
+                gval[parent] = NONE
+                while c != NONE:
+                    after = bint[c, B_KNEXT]
+                    jval[c] = NONE
+                    fval[c] = bflt[c, BF_BASE] + bflt[c, BF_VALUE] * fp[FP_ORPHAN]
+                    _hrekey(heap, 0, pos, fval, kt, ip, IP_HEAP, c)
+                    c = after
+        b = heap[0]
+        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+        if jval[b] != NONE:
+            _kid_remove(bint, gval, jval, b)
+        if fval[b] > fp[FP_CLOCK]:
+            fp[FP_CLOCK] = fval[b]
+        h = id_of_block[b]
+        gflt[h] = 0.0
+        if gval[h] != NONE:
+            ip[IP_EVICTED_PARENT] = h
+        return b
     # LFU: the least weight, then the oldest release
     b = heap[0]
     _heap_remove(heap, pos, ival, fval, kt, ip, b)
@@ -330,7 +720,8 @@ def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, f
 
 @_jit(nogil=True)
 def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends, gends,
-                 prev, nxt, where, ival, fval, kt, heap, pos, gprev, gnxt, gwhere, hits, counters):
+                 prev, nxt, where, ival, jval, fval, kt, bint, bflt, heap, pos, gprev, gnxt, gwhere, gval, gflt,
+                 hits, counters):
     """Replay every request (cache mode); ``hits[i]``: request ``i``'s leading hits (0 for one
     longer than the pool, which changes nothing); ``counters``: see ``C_*``. The policy state
     arrays come initialised from ``CompiledReplay``."""
@@ -375,7 +766,7 @@ def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends,
         hits[i] = k
         for j in range(k):              # pinned: the allocation below cannot take them
             b = table[j]
-            _on_hit(kind, b, prev, nxt, where, ends, heap, pos, ival, fval, kt, ip)
+            _on_hit(kind, b, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, gval, ip)
             held[b] = 1
             if where[b] >= 0:           # FIFO, S3-FIFO: held in place, no candidate while held
                 heldq[where[b]] += 1
@@ -399,8 +790,8 @@ def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends,
             for q in range(cursor.shape[0]):
                 cursor[q] = UNSET
             while got < need:
-                v = _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, fval, kt,
-                           id_of_block, gprev, gnxt, gwhere, gends, ip, fp)
+                v = _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt,
+                           bint, bflt, id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ip, fp)
                 evictions += 1
                 if not reused[v]:
                     unused += 1
@@ -417,7 +808,8 @@ def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends,
                 block_of_id[h] = b
                 id_of_block[b] = h
                 cached += 1
-                _on_cached(kind, b, h, prev, nxt, where, ends, cursor, ival, fval, gprev, gnxt, gwhere, gends,
+                _on_cached(kind, b, h, j, ids[start + j - 1] if j else NONE, prev, nxt, where, ends, cursor,
+                           heap, pos, ival, jval, fval, kt, bint, block_of_id, gprev, gnxt, gwhere, gends, gval,
                            ip, fp)
         for j in range(total - 1, -1, -1):      # tail first
             b = table[j]
@@ -425,8 +817,10 @@ def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends,
                 held[b] = 0
                 if where[b] >= 0:
                     heldq[where[b]] -= 1
-            if id_of_block[b] >= 0:
-                _on_released(kind, b, prev, nxt, where, ends, heap, pos, ival, fval, kt, ip)
+            h = id_of_block[b]
+            if h >= 0:
+                _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt,
+                             block_of_id, gval, gflt, ip, fp)
             else:
                 free[free_top] = b
                 free_top += 1

@@ -18,6 +18,9 @@ The policies are the Python classes' rules on the same events (``policies/*.py``
 victims, in the same order, so every figure of the result is the general path's (the lockstep
 tests, ``tests/sim/test_fast_replay.py``, compare both on random and shared traces). Block ids are
 assigned as the pool assigns them, so a policy whose ties fell to block ids would tie the same way.
+The policies that read a block's chain (leaf-LRU, GDSF) get its parent id and depth from its
+place in the request that published it, as the pool records ``parent_hash`` and ``depth``; the
+ghost lists of 2Q and MQ keep ``GhostList``'s pushed-out entry (``policies/ghosts.py``).
 
 The loop itself is ``prefixkv.flat.replay_kernels`` (numba), imported only when a compiled replay
 runs: this module imports without numba (``replay`` asks ``prefixkv.flat.available()`` first).
@@ -28,9 +31,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..flat.replay_layout import (  # noqa: F401  (the counters too: replay reads them here)
-    ARC, C_CACHED, C_CACHED_W, C_EVICTIONS, C_EVICTIONS_W, C_UNUSED, C_UNUSED_CACHED, C_UNUSED_W, COMPILED, FIFO,
-    IP_CAPACITY, IP_GHOST_SIZE, IP_HALF_LIFE, IP_LIMIT, IP_MAXFREQ, IP_MOVE, IP_SMALL_TARGET, LFU, LRU, NONE, S3FIFO,
-    SLRU)
+    ARC, B_DEPTH, C_CACHED, C_CACHED_W, C_EVICTIONS, C_EVICTIONS_W, C_UNUSED, C_UNUSED_CACHED, C_UNUSED_W, CLOCK,
+    COMPILED, FIFO, FP_DEPTH_COST, FP_ORPHAN, FP_SLOTS, GDSF, GHOSTS, IP_CAPACITY, IP_GHOST_SIZE, IP_HALF_LIFE,
+    IP_HAND, IP_INHERIT, IP_INIT_FREQ, IP_LIFETIME, IP_LIMIT, IP_MAXFREQ, IP_MOVE, IP_PUSHED, IP_QUEUES, IP_SLOTS,
+    IP_SMALL_TARGET, LEAF_LRU, LFU, LRU, MQ, NONE, S3FIFO, SIEVE, SLRU, TWOQ)
 
 
 # -- the Python side ---------------------------------------------------------------------------------
@@ -43,17 +47,24 @@ def policy_kind(policy) -> tuple[int, dict] | None:
     if not isinstance(policy, str) or policy.partition(":")[0].strip() not in COMPILED:
         return None
     from ..policies import ARCPolicy, FIFOPolicy, LFUPolicy, LRUPolicy, S3FIFOPolicy, SLRUPolicy, make_policy
+    from ..policies.clock import ClockPolicy
+    from ..policies.gdsf import GDSFPolicy
+    from ..policies.leaf_lru import LeafLRUPolicy
+    from ..policies.mq import MQPolicy
+    from ..policies.sieve import SievePolicy
+    from ..policies.twoq import TwoQPolicy
 
     obj = make_policy(policy)
     classes = {LRU: LRUPolicy, FIFO: FIFOPolicy, SLRU: SLRUPolicy, S3FIFO: S3FIFOPolicy, ARC: ARCPolicy,
-               LFU: LFUPolicy}
+               LFU: LFUPolicy, CLOCK: ClockPolicy, SIEVE: SievePolicy, TWOQ: TwoQPolicy, MQ: MQPolicy,
+               LEAF_LRU: LeafLRUPolicy, GDSF: GDSFPolicy}
     kind = COMPILED[policy.partition(":")[0].strip()]
     if type(obj) is not classes[kind]:      # a subclass registered in its place would change the rules
         return None
     return kind, dict(vars(obj))
 
 
-def _parameters(kind: int, options: dict, capacity: int, ip: np.ndarray) -> None:
+def _parameters(kind: int, options: dict, capacity: int, block_size: int, ip: np.ndarray, fp: np.ndarray) -> None:
     """What each policy's ``bind`` derives from the pool (``policies/*.py``), for ``capacity`` blocks."""
     if kind == SLRU:
         size = options["protected_size"]
@@ -69,41 +80,68 @@ def _parameters(kind: int, options: dict, capacity: int, ip: np.ndarray) -> None
     elif kind == LFU:
         given = options["_half_life_option"]
         ip[IP_HALF_LIFE] = given if given is not None else max(16, capacity)
+    elif kind == CLOCK:
+        ip[IP_MAXFREQ] = options["max_freq"]
+        ip[IP_INIT_FREQ] = options["init_freq"]
+    elif kind == TWOQ:
+        ip[IP_LIMIT] = int(options["in_fraction"] * capacity)           # kin
+        ip[IP_GHOST_SIZE] = int(options["out_fraction"] * capacity)     # kout
+    elif kind == MQ:
+        ip[IP_QUEUES] = options["n_queues"]
+        ip[IP_LIFETIME] = options["lifetime"]
+        ip[IP_GHOST_SIZE] = int(capacity * options["ghost_ratio"])
+    elif kind == GDSF:
+        given = options["_depth_cost_option"]
+        fp[FP_DEPTH_COST] = given if given is not None else block_size / 32768
+        fp[FP_ORPHAN] = options["orphan_factor"]
+        ip[IP_INHERIT] = bool(options["inherit"])
 
 
-def run(arrays, kind: int, options: dict, capacity: int, warm: int) -> tuple[np.ndarray, np.ndarray]:
-    """Replay ``arrays`` (``BlockArrays``) at ``capacity`` blocks: (leading hits per request, ``C_*``
-    counters, the first three also at request ``warm``)."""
+def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """Replay ``arrays`` (``BlockArrays``) at ``capacity`` blocks of ``block_size`` tokens: (leading
+    hits per request, ``C_*`` counters, the first three also at request ``warm``)."""
     num_requests = arrays.num_requests
     longest = int(arrays.total_blocks.max()) if num_requests else 0
     # No more blocks are ever handed out than can be cached or held at once: the arrays stay the
     # trace's size however large the pool (a pool of 10^9 blocks costs nothing here either).
     blocks = max(1, min(capacity, arrays.num_ids + longest))
-    ip = np.zeros(16, np.int64)
-    fp = np.zeros(2, np.float64)
-    _parameters(kind, options, capacity, ip)
-    ends = np.zeros((3, 3), np.int64)
+    ip = np.zeros(IP_SLOTS, np.int64)
+    ip[IP_HAND] = ip[IP_PUSHED] = NONE
+    fp = np.zeros(FP_SLOTS, np.float64)
+    _parameters(kind, options, capacity, block_size, ip, fp)
+    ends = np.zeros((max(3, options["n_queues"]) if kind == MQ else 3, 3), np.int64)
     ends[:, :2] = NONE
-    gends = ends.copy()
+    gends = np.zeros((3, 3), np.int64)
+    gends[:, :2] = NONE
     links = np.int32 if blocks < 2**31 - 1 else np.int64     # block ids: 4 bytes where they fit
     prev = np.full(blocks, NONE, links)
     nxt = np.full(blocks, NONE, links)
     where = np.full(blocks, -1, np.int8)
     ival = np.zeros(blocks, np.int64)
+    jval = np.full(blocks if kind in (MQ, LEAF_LRU, GDSF) else 1, NONE, np.int64)
     fval = np.zeros(blocks, np.float64)
     kt = np.zeros(blocks, np.int64)
-    heap = np.zeros(blocks if kind == LFU else 1, np.int64)
-    pos = np.full(blocks if kind == LFU else 1, -1, np.int64)
-    ghosts = arrays.num_ids if kind in (S3FIFO, ARC) else 0
+    heaps = {LFU: blocks, GDSF: blocks, LEAF_LRU: 2 * blocks}.get(kind, 0)    # leaf-LRU: leaves, then inner
+    heap = np.zeros(max(1, heaps), np.int64)
+    pos = np.full(blocks if heaps else 1, -1, np.int64)
+    bint = np.full((blocks if kind == GDSF else 1, 4), NONE, np.int64)
+    bint[:, B_DEPTH] = 0
+    bflt = np.zeros((blocks if kind == GDSF else 1, 2), np.float64)
+    ghosts = arrays.num_ids if kind in GHOSTS else 0
     gprev = np.full(ghosts, NONE, np.int64)
     gnxt = np.full(ghosts, NONE, np.int64)
     gwhere = np.full(max(ghosts, arrays.num_ids), -1, np.int8)
+    per_id = kind in (TWOQ, MQ, LEAF_LRU, GDSF)
+    # 2Q, MQ: a ghost's value; leaf-LRU: cached children per id; GDSF: the first candidate keyed under it
+    gval = np.full(arrays.num_ids if per_id else 1, NONE if kind == GDSF else 0, np.int64)
+    gflt = np.zeros(arrays.num_ids if kind == GDSF else 1, np.float64)      # GDSF: the chain value
     hits = np.zeros(num_requests, np.int64)
     counters = np.zeros(8, np.int64)
     from ..flat.replay_kernels import replay_cache
 
     replay_cache(kind, arrays.offsets, arrays.ids, arrays.total_blocks, capacity, warm, ip, fp, ends, gends,
-                 prev, nxt, where, ival, fval, kt, heap, pos, gprev, gnxt, gwhere, hits, counters)
+                 prev, nxt, where, ival, jval, fval, kt, bint, bflt, heap, pos, gprev, gnxt, gwhere, gval, gflt,
+                 hits, counters)
     return hits, counters
 
 

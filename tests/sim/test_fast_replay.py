@@ -24,7 +24,11 @@ from prefixkv.sim.traces import TraceRequest as Req  # noqa: E402
 # every compiled policy, and options that change its parameters
 SPECS = ["lru", "fifo", "slru", "s3fifo", "arc", "lfu",
          "slru:protected_size=2", "slru:protected_fraction=0.9", "s3fifo:move_threshold=2:max_freq=2",
-         "s3fifo:small_fraction=0.5", "lfu:half_life=3"]
+         "s3fifo:small_fraction=0.5", "lfu:half_life=3",
+         "clock", "sieve", "2q", "mq", "clock:counter_bits=2", "clock:counter_bits=2:init_freq=1",
+         "2q:in_fraction=0.5:out_fraction=0.1", "2q:out_fraction=0", "2q:in_fraction=0:out_fraction=2",
+         "mq:n_queues=3:lifetime=4", "mq:lifetime=1:ghost_ratio=0", "mq:n_queues=1", "mq:n_queues=12:lifetime=2:ghost_ratio=0.5",
+         "leaf-lru", "gdsf", "gdsf:orphan_factor=0.5", "gdsf:inherit=false:depth_cost=0.25", "gdsf:depth_cost=0:orphan_factor=1"]
 
 
 def both(trace, policy, capacity, **kwargs):
@@ -94,10 +98,10 @@ def test_auto_runs_the_compiled_loop_where_it_can():
     assert replay(trace, "slru:protected_size=1", 4).engine == "compiled"
     # not compiled: a policy object, another policy, concurrent mode, a host tier
     assert replay(trace, LRUPolicy(), 4).engine == "general"
-    assert replay(trace, "gdsf", 4).engine == "general"
+    assert replay(trace, "workload", 4).engine == "general"
     assert replay(trace, "lru", 4, mode="concurrent").engine == "general"
     assert replay(trace, "lru", 4, host_capacity=4).engine == "general"
-    for policy, kwargs in ((LRUPolicy(), {}), ("gdsf", {}), ("lru", {"mode": "concurrent"}), ("lru", {"host_capacity": 4})):
+    for policy, kwargs in ((LRUPolicy(), {}), ("workload", {}), ("lru", {"mode": "concurrent"}), ("lru", {"host_capacity": 4})):
         with pytest.raises(ValueError, match="compiled replay cannot run"):
             replay(trace, policy, 4, engine="compiled", **kwargs)
     with pytest.raises(InvalidArgument, match="engine"):

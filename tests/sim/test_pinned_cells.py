@@ -38,6 +38,24 @@ PINNED = {
     ("weka-kv-cache-tester-more", 16114, "slru"): (2208976, 141374464, 3369034, 3385148, 2961399),
     ("weka-kv-cache-tester-more", 16114, "s3fifo"): (1872388, 119832832, 3569850, 3585964, 3213550),
     ("weka-kv-cache-tester-more", 16114, "arc"): (2113394, 135257216, 3454357, 3470471, 2839475),
+    # measured at ce7f22a with the manager's replay, before these policies were compiled
+    ("conversation_trace.jsonl", 9140, "clock"): (58244, 29804059, 221074, 230214, 202477),
+    ("synthetic_trace.jsonl", 2196, "clock"): (18889, 9665100, 100792, 102988, 92054),
+    ("weka-kv-cache-tester-more", 16114, "clock"): (1883737, 120559168, 3689793, 3705907, 3170765),
+    ("conversation_trace.jsonl", 9140, "sieve"): (36602, 18733189, 242758, 251898, 244187),
+    ("synthetic_trace.jsonl", 2196, "sieve"): (15687, 8026573, 103994, 106190, 101309),
+    ("weka-kv-cache-tester-more", 16114, "sieve"): (1974055, 126339520, 3599625, 3615739, 3196359),
+    ("conversation_trace.jsonl", 9140, "2q"): (50746, 25972349, 228293, 237433, 218728),
+    ("synthetic_trace.jsonl", 2196, "2q"): (18169, 9298176, 101132, 103328, 93909),
+    ("weka-kv-cache-tester-more", 16114, "2q"): (1849552, 118371328, 3663950, 3680064, 3074266),
+    ("conversation_trace.jsonl", 9140, "mq"): (63881, 32692974, 215479, 224619, 198780),
+    ("synthetic_trace.jsonl", 2196, "mq"): (20747, 10618724, 98934, 101130, 92227),
+    ("weka-kv-cache-tester-more", 16114, "mq"): (2149897, 137593408, 3428113, 3444227, 2852566),
+    ("conversation_trace.jsonl", 9140, "leaf-lru"): (56483, 28902725, 222877, 232017, 202554),
+    ("synthetic_trace.jsonl", 2196, "leaf-lru"): (19087, 9765587, 100594, 102790, 90884),
+    ("weka-kv-cache-tester-more", 16114, "leaf-lru"): (2024102, 129542528, 3553908, 3570022, 2940821),
+    ("conversation_trace.jsonl", 9140, "gdsf"): (54699, 27994661, 224661, 233801, 213326),
+    ("weka-kv-cache-tester-more", 16114, "gdsf"): (1858374, 118935936, 3719636, 3735750, 3173677),
 }
 # The manager's replay of these cells takes 12-35 s each: the compiled loop alone checks them
 # (lru runs on both, and the lockstep tests compare the two paths).
