@@ -12,6 +12,10 @@ import math
 
 import numpy as np
 
+from .replay_layout import (CAR, FP_DOWN, FP_GHOST, FP_HALF_LIFE, FP_HIGH, FP_INV_H, FP_LOW, FP_MEDIAN, FP_MEMORY,
+                              FP_P_INNER, FP_P_LEAF, FP_RATE, FP_STEP, FP_TAU, FP_UP, FP_WINDOW, G_LAST, G_OPEN,
+                              IP_ACC_HEAD, IP_ACC_TAIL, IP_LEAF_PENALTY, IP_MEMORY, IP_MEMORY_CAP, IP_NOW,
+                              IP_REL_HEAD, IP_WINDOW, LRFU)
 from .replay_layout import (B_DEPTH, B_KNEXT, B_KPREV, B_PARENT, BF_BASE, BF_VALUE, FP_CLOCK, FP_DEPTH_COST,
                               FP_ORPHAN, GDSF, IP_EVICTED_PARENT, IP_HEAP2, IP_INHERIT, LEAF_LRU)
 from .replay_layout import (ARC, C_CACHED, C_CACHED_W, C_EVICTIONS, C_EVICTIONS_W, C_UNUSED, C_UNUSED_CACHED,
@@ -355,6 +359,89 @@ def _leaf_move(heap, pos, where, fval, kt, ip, b, to):
     where[b] = to
 
 
+@_jit(nogil=True)
+def lrfu_rescale(ip, fp):
+    """LRFU's lengths from its reuse-distance median, redone whenever it has moved by 1%."""
+    median = fp[FP_MEDIAN]
+    fp[FP_LOW] = median * 0.99
+    fp[FP_HIGH] = median * 1.01
+    h = fp[FP_HALF_LIFE] * median
+    fp[FP_INV_H] = 1.0 / h
+    ip[IP_GHOST_SIZE] = int(fp[FP_GHOST] * h)
+    ip[IP_WINDOW] = max(1, int(fp[FP_WINDOW] * h))
+    ip[IP_MEMORY] = min(int(fp[FP_MEMORY] * median) + 1, ip[IP_MEMORY_CAP])
+
+
+@_jit(nogil=True, inline="always")
+def _lrfu_bump(score, now, fresh):
+    """log2(2**score + 2**now); ``fresh``: no score yet (``now``)."""
+    if fresh:
+        return now
+    d = score - now
+    if d > 0.0:
+        return score + math.log2(1.0 + 2.0 ** -d)
+    return now + math.log2(1.0 + 2.0 ** d)
+
+
+@_jit(nogil=True, inline="always")
+def _lrfu_learn(leaf, outcome, fp):
+    if leaf:
+        fp[FP_P_LEAF] += fp[FP_RATE] * (outcome - fp[FP_P_LEAF])
+    else:
+        fp[FP_P_INNER] += fp[FP_RATE] * (outcome - fp[FP_P_INNER])
+
+
+@_jit(nogil=True, inline="always")
+def _lrfu_accessed(h, gint, lg, rel_leaf, ip, fp):
+    """Every LRFU access: the reuse-distance median, the tracker's memory, the hash's open experiment."""
+    now = ip[IP_NOW]
+    if fp[FP_STEP] != 0.0:
+        previous = gint[h, G_LAST]
+        if previous >= 0:
+            median = fp[FP_MEDIAN]
+            median = median * (fp[FP_UP] if now - previous + 0.5 > median else fp[FP_DOWN])
+            fp[FP_MEDIAN] = median
+            if not fp[FP_LOW] < median < fp[FP_HIGH]:
+                lrfu_rescale(ip, fp)
+    gint[h, G_LAST] = now
+    tail = ip[IP_ACC_TAIL]
+    lg[tail, 0] = now
+    lg[tail, 1] = h
+    ip[IP_ACC_TAIL] = tail + 1
+    head = ip[IP_ACC_HEAD]
+    limit = now - ip[IP_MEMORY]
+    while lg[head, 0] < limit:              # the entry just added is never older: no underflow
+        old = lg[head, 1]
+        if gint[old, G_LAST] == lg[head, 0]:
+            gint[old, G_LAST] = -1
+        head += 1
+    ip[IP_ACC_HEAD] = head
+    tick = gint[h, G_OPEN]
+    if tick >= 0:
+        gint[h, G_OPEN] = -1
+        _lrfu_learn(rel_leaf[tick], 1.0, fp)
+
+
+@_jit(nogil=True, inline="always")
+def _lrfu_penalty(ip, fp):
+    if not ip[IP_LEAF_PENALTY]:
+        return 0.0
+    ratio = max(fp[FP_P_LEAF], 1e-3) / max(fp[FP_P_INNER], 1e-3)
+    return -math.log2(ratio) if ratio < 1.0 else 0.0
+
+
+@_jit(nogil=True, inline="always")
+def _car_trim(gprev, gnxt, gwhere, gends, ends, ip):
+    """CAR's ghost trim before a new hash enters T1."""
+    c = ip[IP_CAPACITY]
+    if ends[1, 2] + gends[1, 2] >= c:
+        while gends[1, 2] and ends[1, 2] + gends[1, 2] >= c:
+            _pop_head(gprev, gnxt, gwhere, gends, 1)
+    else:
+        while gends[2, 2] and ends[1, 2] + ends[2, 2] + gends[1, 2] + gends[2, 2] >= 2 * c:
+            _pop_head(gprev, gnxt, gwhere, gends, 2)
+
+
 @_jit(nogil=True, inline="always")
 def _arc_trim(gprev, gnxt, gwhere, gends, ip):
     c = ip[IP_CAPACITY]
@@ -373,7 +460,7 @@ def _lfu_epoch(ip):
 
 @_jit(nogil=True, inline="always")
 def _on_cached(kind, b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint,
-               block_of_id, gprev, gnxt, gwhere, gends, gval, ip, fp):
+               bflt, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, gint, lg, rel_leaf, ip, fp):
     if kind == FIFO:
         _push_candidate(prev, nxt, where, ends, cursor, 0, b)     # held until its release: no candidate yet
     elif kind == SLRU:
@@ -433,10 +520,36 @@ def _on_cached(kind, b, h, depth, parent, prev, nxt, where, ends, cursor, heap, 
         ival[b] = 1                                               # accesses
         bint[b, B_DEPTH] = depth
         bint[b, B_PARENT] = parent
+    elif kind == CAR:
+        ival[b] = 0                                               # unreferenced
+        g = gwhere[h]
+        c = ip[IP_CAPACITY]
+        if g == 1:
+            fp[FP_P] = min(fp[FP_P] + max(1.0, gends[2, 2] / gends[1, 2]), float(c))
+            _cut(gprev, gnxt, gwhere, gends, h)
+            which = 2
+        elif g == 2:
+            fp[FP_P] = max(fp[FP_P] - max(1.0, gends[1, 2] / gends[2, 2]), 0.0)
+            _cut(gprev, gnxt, gwhere, gends, h)
+            which = 2
+        else:
+            _car_trim(gprev, gnxt, gwhere, gends, ends, ip)
+            which = 1
+        _push(prev, nxt, where, ends, which, b)                   # held in place until released
+    elif kind == LRFU:
+        jval[b] = parent                                          # gval: cached blocks under an id
+        if parent >= 0:
+            gval[parent] += 1
+        ghost = gwhere[h] == 0
+        if ghost:
+            _cut(gprev, gnxt, gwhere, gends, h)
+        bflt[b, BF_BASE] = _lrfu_bump(gflt[h], fp[FP_TAU], not ghost)
+        _lrfu_accessed(h, gint, lg, rel_leaf, ip, fp)
 
 
 @_jit(nogil=True, inline="always")
-def _on_hit(kind, b, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, gval, ip):
+def _on_hit(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, gint, lg,
+            rel_leaf, ip, fp):
     """A hit on ``b``, a candidate (between requests every cached block is one)."""
     if kind == LRU:
         _cut(prev, nxt, where, ends, b)
@@ -489,6 +602,12 @@ def _on_hit(kind, b, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bi
         if jval[b] != NONE:
             _kid_remove(bint, gval, jval, b)
         ival[b] += 1
+    elif kind == CAR:
+        ival[b] = 1                                               # referenced; held in place
+    elif kind == LRFU:
+        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+        bflt[b, BF_BASE] = _lrfu_bump(bflt[b, BF_BASE], fp[FP_TAU], False)
+        _lrfu_accessed(h, gint, lg, rel_leaf, ip, fp)
 
 
 @_jit(nogil=True, inline="always")
@@ -502,7 +621,7 @@ def _slru_demote_overflow(prev, nxt, where, ends, ival, ip):
 
 @_jit(nogil=True, inline="always")
 def _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id,
-                 gval, gflt, ip, fp):
+                 gval, gflt, gint, lg, rel_leaf, ip, fp):
     if kind == LRU:
         _push(prev, nxt, where, ends, 0, b)
     elif kind == SLRU:
@@ -560,12 +679,63 @@ def _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval
         bflt[b, BF_BASE] = base
         bflt[b, BF_VALUE] = value
         _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+    elif kind == LRFU:
+        now = ip[IP_NOW] + 1
+        ip[IP_NOW] = now
+        fp[FP_TAU] += fp[FP_INV_H]
+        leaf = gval[h] == 0
+        score = bflt[b, BF_BASE]
+        if leaf and ip[IP_LEAF_PENALTY]:
+            score -= _lrfu_penalty(ip, fp)
+        fval[b] = score
+        kt[b] = now
+        _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+        gint[h, G_OPEN] = now                                     # an experiment, open for a window
+        lg[now, 2] = h
+        rel_leaf[now] = leaf
+        horizon = now - ip[IP_WINDOW]
+        tick = ip[IP_REL_HEAD]
+        while tick <= horizon:                                    # close (as not reused) what left it
+            old = lg[tick, 2]
+            if gint[old, G_OPEN] == tick:
+                gint[old, G_OPEN] = -1
+                _lrfu_learn(rel_leaf[tick], 0.0, fp)
+            tick += 1
+        ip[IP_REL_HEAD] = tick
     # FIFO, S3-FIFO, CLOCK, SIEVE, 2Q's A1in: a held block keeps its place; releasing it only ends the hold
 
 
 @_jit(nogil=True, inline="always")
 def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
            id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ip, fp):
+    if kind == CAR:
+        while True:
+            t1 = ends[1, 2] - heldq[1]
+            if t1 and (ends[1, 2] >= max(1.0, fp[FP_P]) or ends[2, 2] - heldq[2] == 0):
+                which = 1
+            else:
+                which = 2
+            b = _first_candidate(nxt, held, ends, cursor, which)
+            _cut_candidate(prev, nxt, where, ends, cursor, b)
+            if ival[b]:                                           # second chance, in T2
+                ival[b] = 0
+                _push_candidate(prev, nxt, where, ends, cursor, 2, b)
+                continue
+            _push(gprev, gnxt, gwhere, gends, which, id_of_block[b])
+            return b
+    if kind == LRFU:
+        b = heap[0]
+        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+        h = id_of_block[b]
+        _push(gprev, gnxt, gwhere, gends, 0, h)
+        gflt[h] = bflt[b, BF_BASE]
+        while gends[0, 2] > ip[IP_GHOST_SIZE]:
+            _pop_head(gprev, gnxt, gwhere, gends, 0)
+        parent = jval[b]
+        if parent >= 0:
+            gval[parent] -= 1
+            jval[b] = NONE
+        return b
     """One victim, as the policy's ``evict`` chooses it (the caller drops its hash)."""
     if kind == LRU:
         return _pop_head(prev, nxt, where, ends, 0)
@@ -721,7 +891,7 @@ def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, j
 @_jit(nogil=True)
 def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends, gends,
                  prev, nxt, where, ival, jval, fval, kt, bint, bflt, heap, pos, gprev, gnxt, gwhere, gval, gflt,
-                 hits, counters):
+                 gint, lg, rel_leaf, hits, counters):
     """Replay every request (cache mode); ``hits[i]``: request ``i``'s leading hits (0 for one
     longer than the pool, which changes nothing); ``counters``: see ``C_*``. The policy state
     arrays come initialised from ``CompiledReplay``."""
@@ -766,7 +936,8 @@ def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends,
         hits[i] = k
         for j in range(k):              # pinned: the allocation below cannot take them
             b = table[j]
-            _on_hit(kind, b, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, gval, ip)
+            _on_hit(kind, b, ids[start + j], prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval,
+                    gint, lg, rel_leaf, ip, fp)
             held[b] = 1
             if where[b] >= 0:           # FIFO, S3-FIFO: held in place, no candidate while held
                 heldq[where[b]] += 1
@@ -809,8 +980,8 @@ def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends,
                 id_of_block[b] = h
                 cached += 1
                 _on_cached(kind, b, h, j, ids[start + j - 1] if j else NONE, prev, nxt, where, ends, cursor,
-                           heap, pos, ival, jval, fval, kt, bint, block_of_id, gprev, gnxt, gwhere, gends, gval,
-                           ip, fp)
+                           heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gprev, gnxt, gwhere, gends, gval,
+                           gflt, gint, lg, rel_leaf, ip, fp)
         for j in range(total - 1, -1, -1):      # tail first
             b = table[j]
             if j < k:
@@ -820,7 +991,7 @@ def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends,
             h = id_of_block[b]
             if h >= 0:
                 _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt,
-                             block_of_id, gval, gflt, ip, fp)
+                             block_of_id, gval, gflt, gint, lg, rel_leaf, ip, fp)
             else:
                 free[free_top] = b
                 free_top += 1

@@ -35,6 +35,8 @@ from ..flat.replay_layout import (  # noqa: F401  (the counters too: replay read
     COMPILED, FIFO, FP_DEPTH_COST, FP_ORPHAN, FP_SLOTS, GDSF, GHOSTS, IP_CAPACITY, IP_GHOST_SIZE, IP_HALF_LIFE,
     IP_HAND, IP_INHERIT, IP_INIT_FREQ, IP_LIFETIME, IP_LIMIT, IP_MAXFREQ, IP_MOVE, IP_PUSHED, IP_QUEUES, IP_SLOTS,
     IP_SMALL_TARGET, LEAF_LRU, LFU, LRU, MQ, NONE, S3FIFO, SIEVE, SLRU, TWOQ)
+from ..flat.replay_layout import (CAR, FP_DOWN, FP_GHOST, FP_HALF_LIFE, FP_MEDIAN, FP_MEMORY, FP_P_INNER, FP_P_LEAF,
+                                  FP_RATE, FP_STEP, FP_UP, FP_WINDOW, IP_LEAF_PENALTY, IP_MEMORY_CAP, IP_REL_HEAD, LRFU)
 
 
 # -- the Python side ---------------------------------------------------------------------------------
@@ -47,7 +49,9 @@ def policy_kind(policy) -> tuple[int, dict] | None:
     if not isinstance(policy, str) or policy.partition(":")[0].strip() not in COMPILED:
         return None
     from ..policies import ARCPolicy, FIFOPolicy, LFUPolicy, LRUPolicy, S3FIFOPolicy, SLRUPolicy, make_policy
+    from ..policies.car import CARPolicy
     from ..policies.clock import ClockPolicy
+    from ..policies.lrfu import LRFUPolicy
     from ..policies.gdsf import GDSFPolicy
     from ..policies.leaf_lru import LeafLRUPolicy
     from ..policies.mq import MQPolicy
@@ -57,7 +61,7 @@ def policy_kind(policy) -> tuple[int, dict] | None:
     obj = make_policy(policy)
     classes = {LRU: LRUPolicy, FIFO: FIFOPolicy, SLRU: SLRUPolicy, S3FIFO: S3FIFOPolicy, ARC: ARCPolicy,
                LFU: LFUPolicy, CLOCK: ClockPolicy, SIEVE: SievePolicy, TWOQ: TwoQPolicy, MQ: MQPolicy,
-               LEAF_LRU: LeafLRUPolicy, GDSF: GDSFPolicy}
+               LEAF_LRU: LeafLRUPolicy, GDSF: GDSFPolicy, CAR: CARPolicy, LRFU: LRFUPolicy}
     kind = COMPILED[policy.partition(":")[0].strip()]
     if type(obj) is not classes[kind]:      # a subclass registered in its place would change the rules
         return None
@@ -75,7 +79,7 @@ def _parameters(kind: int, options: dict, capacity: int, block_size: int, ip: np
         ip[IP_GHOST_SIZE] = max(1, capacity - small)
         ip[IP_MOVE] = options["move_threshold"]
         ip[IP_MAXFREQ] = options["max_freq"]
-    elif kind == ARC:
+    elif kind in (ARC, CAR):
         ip[IP_CAPACITY] = capacity
     elif kind == LFU:
         given = options["_half_life_option"]
@@ -95,6 +99,16 @@ def _parameters(kind: int, options: dict, capacity: int, block_size: int, ip: np
         fp[FP_DEPTH_COST] = given if given is not None else block_size / 32768
         fp[FP_ORPHAN] = options["orphan_factor"]
         ip[IP_INHERIT] = bool(options["inherit"])
+    elif kind == LRFU:
+        for slot, name in ((FP_HALF_LIFE, "half_life"), (FP_GHOST, "ghost"), (FP_STEP, "step"), (FP_MEMORY, "memory"),
+                           (FP_WINDOW, "window"), (FP_RATE, "rate"), (FP_UP, "_up"), (FP_DOWN, "_down")):
+            fp[slot] = options[name]
+        given = options["reuse_distance"]
+        fp[FP_MEDIAN] = float(capacity) if given is None else float(given)
+        fp[FP_P_LEAF] = fp[FP_P_INNER] = 0.5
+        ip[IP_MEMORY_CAP] = 64 * capacity
+        ip[IP_LEAF_PENALTY] = bool(options["leaf_penalty"])
+        ip[IP_REL_HEAD] = 1                  # releases are ticks 1, 2, ...; rescaled in ``run``
 
 
 def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: int = 16) -> tuple[np.ndarray, np.ndarray]:
@@ -118,30 +132,39 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
     nxt = np.full(blocks, NONE, links)
     where = np.full(blocks, -1, np.int8)
     ival = np.zeros(blocks, np.int64)
-    jval = np.full(blocks if kind in (MQ, LEAF_LRU, GDSF) else 1, NONE, np.int64)
+    jval = np.full(blocks if kind in (MQ, LEAF_LRU, GDSF, LRFU) else 1, NONE, np.int64)
     fval = np.zeros(blocks, np.float64)
     kt = np.zeros(blocks, np.int64)
-    heaps = {LFU: blocks, GDSF: blocks, LEAF_LRU: 2 * blocks}.get(kind, 0)    # leaf-LRU: leaves, then inner
+    heaps = {LFU: blocks, GDSF: blocks, LRFU: blocks, LEAF_LRU: 2 * blocks}.get(kind, 0)    # leaf-LRU: leaves, then inner
     heap = np.zeros(max(1, heaps), np.int64)
     pos = np.full(blocks if heaps else 1, -1, np.int64)
     bint = np.full((blocks if kind == GDSF else 1, 4), NONE, np.int64)
     bint[:, B_DEPTH] = 0
-    bflt = np.zeros((blocks if kind == GDSF else 1, 2), np.float64)
+    bflt = np.zeros((blocks if kind in (GDSF, LRFU) else 1, 2), np.float64)
     ghosts = arrays.num_ids if kind in GHOSTS else 0
     gprev = np.full(ghosts, NONE, np.int64)
     gnxt = np.full(ghosts, NONE, np.int64)
     gwhere = np.full(max(ghosts, arrays.num_ids), -1, np.int8)
-    per_id = kind in (TWOQ, MQ, LEAF_LRU, GDSF)
+    per_id = kind in (TWOQ, MQ, LEAF_LRU, GDSF, LRFU)       # LRFU: cached blocks under an id
     # 2Q, MQ: a ghost's value; leaf-LRU: cached children per id; GDSF: the first candidate keyed under it
     gval = np.full(arrays.num_ids if per_id else 1, NONE if kind == GDSF else 0, np.int64)
-    gflt = np.zeros(arrays.num_ids if kind == GDSF else 1, np.float64)      # GDSF: the chain value
+    gflt = np.zeros(arrays.num_ids if kind in (GDSF, LRFU) else 1, np.float64)   # GDSF: chain value; LRFU: ghost score
+    # LRFU: per id the ticks of its last access and open experiment; its accesses and releases in
+    # order (each is one reference of the trace at most), as (tick, id) and (id, is leaf) by tick
+    refs = int(arrays.offsets[-1]) + 2 if kind == LRFU else 1
+    gint = np.full((arrays.num_ids if kind == LRFU else 1, 2), -1, np.int64)
+    lg = np.zeros((refs, 3), np.int32 if refs < 2**31 - 1 and arrays.num_ids < 2**31 - 1 else np.int64)
+    rel_leaf = np.zeros(refs, np.uint8)
     hits = np.zeros(num_requests, np.int64)
     counters = np.zeros(8, np.int64)
-    from ..flat.replay_kernels import replay_cache
+    from ..flat.replay_kernels import lrfu_rescale, replay_cache
+
+    if kind == LRFU:
+        lrfu_rescale(ip, fp)
 
     replay_cache(kind, arrays.offsets, arrays.ids, arrays.total_blocks, capacity, warm, ip, fp, ends, gends,
                  prev, nxt, where, ival, jval, fval, kt, bint, bflt, heap, pos, gprev, gnxt, gwhere, gval, gflt,
-                 hits, counters)
+                 gint, lg, rel_leaf, hits, counters)
     return hits, counters
 
 

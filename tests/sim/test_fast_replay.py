@@ -28,7 +28,9 @@ SPECS = ["lru", "fifo", "slru", "s3fifo", "arc", "lfu",
          "clock", "sieve", "2q", "mq", "clock:counter_bits=2", "clock:counter_bits=2:init_freq=1",
          "2q:in_fraction=0.5:out_fraction=0.1", "2q:out_fraction=0", "2q:in_fraction=0:out_fraction=2",
          "mq:n_queues=3:lifetime=4", "mq:lifetime=1:ghost_ratio=0", "mq:n_queues=1", "mq:n_queues=12:lifetime=2:ghost_ratio=0.5",
-         "leaf-lru", "gdsf", "gdsf:orphan_factor=0.5", "gdsf:inherit=false:depth_cost=0.25", "gdsf:depth_cost=0:orphan_factor=1"]
+         "leaf-lru", "gdsf", "gdsf:orphan_factor=0.5", "gdsf:inherit=false:depth_cost=0.25", "gdsf:depth_cost=0:orphan_factor=1",
+         "car", "lrfu", "lrfu:half_life=0.01:ghost=0:step=0.5:memory=0.5", "lrfu:leaf_penalty=false:window=0.01:rate=1",
+         "lrfu:reuse_distance=3:step=0", "lrfu:ghost=3:rate=0.5:half_life=0.2"]
 
 
 def both(trace, policy, capacity, **kwargs):

@@ -56,6 +56,12 @@ PINNED = {
     ("weka-kv-cache-tester-more", 16114, "leaf-lru"): (2024102, 129542528, 3553908, 3570022, 2940821),
     ("conversation_trace.jsonl", 9140, "gdsf"): (54699, 27994661, 224661, 233801, 213326),
     ("weka-kv-cache-tester-more", 16114, "gdsf"): (1858374, 118935936, 3719636, 3735750, 3173677),
+    ("conversation_trace.jsonl", 9140, "car"): (59728, 30565323, 219400, 228540, 205027),
+    ("synthetic_trace.jsonl", 2196, "car"): (19004, 9722585, 100558, 102754, 93693),
+    ("weka-kv-cache-tester-more", 16114, "car"): (1982679, 126891456, 3532972, 3549086, 3032400),
+    ("conversation_trace.jsonl", 9140, "lrfu"): (63901, 32716034, 215459, 224599, 200057),
+    ("synthetic_trace.jsonl", 2196, "lrfu"): (20300, 10393280, 99381, 101577, 93944),
+    ("weka-kv-cache-tester-more", 16114, "lrfu"): (2368797, 151603008, 3209213, 3225327, 2710486),
 }
 # The manager's replay of these cells takes 12-35 s each: the compiled loop alone checks them
 # (lru runs on both, and the lockstep tests compare the two paths).
