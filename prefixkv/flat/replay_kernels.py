@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from .replay_layout import (HIR, IP_ERROR, IP_LIR_LIMIT, IP_NONRESIDENT_LIMIT, IP_NUM_LIR, LIR, LIRS, NONRESIDENT)
 from .replay_layout import (CAR, FP_DOWN, FP_GHOST, FP_HALF_LIFE, FP_HIGH, FP_INV_H, FP_LOW, FP_MEDIAN, FP_MEMORY,
                               FP_P_INNER, FP_P_LEAF, FP_RATE, FP_STEP, FP_TAU, FP_UP, FP_WINDOW, G_LAST, G_OPEN,
                               IP_ACC_HEAD, IP_ACC_TAIL, IP_LEAF_PENALTY, IP_MEMORY, IP_MEMORY_CAP, IP_NOW,
@@ -430,6 +431,60 @@ def _lrfu_penalty(ip, fp):
     return -math.log2(ratio) if ratio < 1.0 else 0.0
 
 
+# -- LIRS: the stack S over ids (sprev / snxt / swhere, row 1 of gends), the non-resident ids in S
+# (gprev / gnxt / gwhere, row 0), each id's status in sstat; Q's candidates (list 0), LIR ones (list 1)
+
+@_jit(nogil=True, inline="always")
+def _lirs_to_top(sprev, snxt, swhere, gends, h):
+    if swhere[h] >= 0:
+        _cut(sprev, snxt, swhere, gends, h)
+    _push(sprev, snxt, swhere, gends, 1, h)
+
+
+@_jit(nogil=True, inline="always")
+def _lirs_prune(sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends):
+    """Pop S's bottom until it is LIR; non-resident ids popped are forgotten."""
+    while gends[1, 2]:
+        bottom = gends[1, 0]
+        st = sstat[bottom]
+        if st == LIR:
+            return
+        _cut(sprev, snxt, swhere, gends, bottom)
+        if st == NONRESIDENT:
+            sstat[bottom] = -1
+            _cut(gprev, gnxt, gwhere, gends, bottom)
+
+
+@_jit(nogil=True, inline="always")
+def _lirs_demote_bottom(prev, nxt, where, ends, sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends,
+                        block_of_id, ip):
+    """S's bottom LIR block becomes HIR, to Q's end; then S is pruned."""
+    bottom = gends[1, 0]
+    _cut(sprev, snxt, swhere, gends, bottom)
+    sstat[bottom] = HIR
+    ip[IP_NUM_LIR] -= 1
+    b = block_of_id[bottom]
+    if b < 0 and not ip[IP_ERROR]:
+        # S's bottom is no resident block: the Python class fails here (a KeyError, with no LIR
+        # block left to demote, as at capacity 1); the replay stops and ``fastreplay.run`` raises it
+        ip[IP_ERROR] = bottom + 1
+    if b >= 0 and where[b] == 1:
+        _cut(prev, nxt, where, ends, b)
+        _push(prev, nxt, where, ends, 0, b)
+    _lirs_prune(sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends)
+
+
+@_jit(nogil=True, inline="always")
+def _lirs_make_lir(prev, nxt, where, ends, sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends, block_of_id,
+                   ip, h):
+    sstat[h] = LIR
+    ip[IP_NUM_LIR] += 1
+    _lirs_to_top(sprev, snxt, swhere, gends, h)
+    while ip[IP_NUM_LIR] > ip[IP_LIR_LIMIT] and gends[1, 2]:
+        _lirs_demote_bottom(prev, nxt, where, ends, sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends,
+                            block_of_id, ip)
+
+
 @_jit(nogil=True, inline="always")
 def _car_trim(gprev, gnxt, gwhere, gends, ends, ip):
     """CAR's ghost trim before a new hash enters T1."""
@@ -460,7 +515,11 @@ def _lfu_epoch(ip):
 
 @_jit(nogil=True, inline="always")
 def _on_cached(kind, b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint,
-               bflt, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, gint, lg, rel_leaf, ip, fp):
+               bflt, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    """``lr``: LRFU's (gint, lg, rel_leaf); ``ls``: LIRS's (sprev, snxt, swhere, sstat) (tuples: a call
+    of over 30 arguments is one numba cannot inline)."""
+    gint, lg, rel_leaf = lr
+    sprev, snxt, swhere, sstat = ls
     if kind == FIFO:
         _push_candidate(prev, nxt, where, ends, cursor, 0, b)     # held until its release: no candidate yet
     elif kind == SLRU:
@@ -545,12 +604,25 @@ def _on_cached(kind, b, h, depth, parent, prev, nxt, where, ends, cursor, heap, 
             _cut(gprev, gnxt, gwhere, gends, h)
         bflt[b, BF_BASE] = _lrfu_bump(gflt[h], fp[FP_TAU], not ghost)
         _lrfu_accessed(h, gint, lg, rel_leaf, ip, fp)
+    elif kind == LIRS:
+        if sstat[h] == NONRESIDENT:                               # its reuse distance beats the bottom LIR's
+            _cut(gprev, gnxt, gwhere, gends, h)
+            _lirs_make_lir(prev, nxt, where, ends, sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends,
+                           block_of_id, ip, h)
+        elif ip[IP_NUM_LIR] < ip[IP_LIR_LIMIT]:
+            _lirs_make_lir(prev, nxt, where, ends, sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends,
+                           block_of_id, ip, h)
+        else:
+            sstat[h] = HIR
+            _lirs_to_top(sprev, snxt, swhere, gends, h)
 
 
 @_jit(nogil=True, inline="always")
-def _on_hit(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, gint, lg,
-            rel_leaf, ip, fp):
+def _on_hit(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+            gwhere, gends, block_of_id, ip, fp):
     """A hit on ``b``, a candidate (between requests every cached block is one)."""
+    gint, lg, rel_leaf = lr
+    sprev, snxt, swhere, sstat = ls
     if kind == LRU:
         _cut(prev, nxt, where, ends, b)
     elif kind == SLRU:
@@ -608,6 +680,21 @@ def _on_hit(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt,
         _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
         bflt[b, BF_BASE] = _lrfu_bump(bflt[b, BF_BASE], fp[FP_TAU], False)
         _lrfu_accessed(h, gint, lg, rel_leaf, ip, fp)
+    elif kind == LIRS:
+        _cut(prev, nxt, where, ends, b)
+        if sstat[h] == LIR:
+            was_bottom = gends[1, 0] == h
+            _lirs_to_top(sprev, snxt, swhere, gends, h)
+            if was_bottom:
+                _lirs_prune(sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends)
+        elif swhere[h] >= 0:                                      # HIR in S: LIR now
+            ip[IP_NUM_LIR] += 1
+            sstat[h] = LIR
+            _lirs_to_top(sprev, snxt, swhere, gends, h)
+            _lirs_demote_bottom(prev, nxt, where, ends, sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends,
+                                block_of_id, ip)
+        else:
+            _lirs_to_top(sprev, snxt, swhere, gends, h)           # stays HIR; rejoins Q's end when released
 
 
 @_jit(nogil=True, inline="always")
@@ -621,7 +708,9 @@ def _slru_demote_overflow(prev, nxt, where, ends, ival, ip):
 
 @_jit(nogil=True, inline="always")
 def _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id,
-                 gval, gflt, gint, lg, rel_leaf, ip, fp):
+                 gval, gflt, lr, ls, ip, fp):
+    gint, lg, rel_leaf = lr
+    sstat = ls[3]
     if kind == LRU:
         _push(prev, nxt, where, ends, 0, b)
     elif kind == SLRU:
@@ -702,12 +791,36 @@ def _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval
                 _lrfu_learn(rel_leaf[tick], 0.0, fp)
             tick += 1
         ip[IP_REL_HEAD] = tick
+    elif kind == LIRS:
+        q = 1 if sstat[h] == LIR else 0
+        _push(prev, nxt, where, ends, q, b)
     # FIFO, S3-FIFO, CLOCK, SIEVE, 2Q's A1in: a held block keeps its place; releasing it only ends the hold
 
 
 @_jit(nogil=True, inline="always")
 def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
-           id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ip, fp):
+           id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, ip, fp):
+    if kind == LIRS:
+        sprev, snxt, swhere, sstat = ls
+        q = 0 if ends[0, 2] else 1
+        b = _pop_head(prev, nxt, where, ends, q)
+        h = id_of_block[b]
+        st = sstat[h]
+        if st == LIR:
+            ip[IP_NUM_LIR] -= 1
+            sstat[h] = -1
+            _cut(sprev, snxt, swhere, gends, h)
+            _lirs_prune(sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends)
+        elif swhere[h] >= 0:
+            sstat[h] = NONRESIDENT
+            _push(gprev, gnxt, gwhere, gends, 0, h)
+            if gends[0, 2] > ip[IP_NONRESIDENT_LIMIT]:
+                oldest = _pop_head(gprev, gnxt, gwhere, gends, 0)
+                _cut(sprev, snxt, swhere, gends, oldest)
+                sstat[oldest] = -1
+        else:
+            sstat[h] = -1
+        return b
     if kind == CAR:
         while True:
             t1 = ends[1, 2] - heldq[1]
@@ -891,11 +1004,13 @@ def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, j
 @_jit(nogil=True)
 def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends, gends,
                  prev, nxt, where, ival, jval, fval, kt, bint, bflt, heap, pos, gprev, gnxt, gwhere, gval, gflt,
-                 gint, lg, rel_leaf, hits, counters):
+                 gint, lg, rel_leaf, sprev, snxt, swhere, sstat, hits, counters):
     """Replay every request (cache mode); ``hits[i]``: request ``i``'s leading hits (0 for one
     longer than the pool, which changes nothing); ``counters``: see ``C_*``. The policy state
     arrays come initialised from ``CompiledReplay``."""
     num_requests = offsets.shape[0] - 1
+    lr = (gint, lg, rel_leaf)
+    ls = (sprev, snxt, swhere, sstat)
     blocks = prev.shape[0]      # the most blocks ever handed out (``CompiledReplay``): <= capacity
     # int32 where the counts fit (``fastreplay.run`` picks the links' width): the id -> block map
     # is read at random across the trace's distinct ids, so its width is cache misses
@@ -937,7 +1052,7 @@ def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends,
         for j in range(k):              # pinned: the allocation below cannot take them
             b = table[j]
             _on_hit(kind, b, ids[start + j], prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval,
-                    gint, lg, rel_leaf, ip, fp)
+                    lr, ls, gprev, gnxt, gwhere, gends, block_of_id, ip, fp)
             held[b] = 1
             if where[b] >= 0:           # FIFO, S3-FIFO: held in place, no candidate while held
                 heldq[where[b]] += 1
@@ -962,7 +1077,7 @@ def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends,
                 cursor[q] = UNSET
             while got < need:
                 v = _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt,
-                           bint, bflt, id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ip, fp)
+                           bint, bflt, id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, ip, fp)
                 evictions += 1
                 if not reused[v]:
                     unused += 1
@@ -979,9 +1094,10 @@ def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends,
                 block_of_id[h] = b
                 id_of_block[b] = h
                 cached += 1
-                _on_cached(kind, b, h, j, ids[start + j - 1] if j else NONE, prev, nxt, where, ends, cursor,
+                parent = ids[start + j - 1] if j else NONE
+                _on_cached(kind, b, h, j, parent, prev, nxt, where, ends, cursor,
                            heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gprev, gnxt, gwhere, gends, gval,
-                           gflt, gint, lg, rel_leaf, ip, fp)
+                           gflt, lr, ls, ip, fp)
         for j in range(total - 1, -1, -1):      # tail first
             b = table[j]
             if j < k:
@@ -991,10 +1107,12 @@ def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends,
             h = id_of_block[b]
             if h >= 0:
                 _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt,
-                             block_of_id, gval, gflt, gint, lg, rel_leaf, ip, fp)
+                             block_of_id, gval, gflt, lr, ls, ip, fp)
             else:
                 free[free_top] = b
                 free_top += 1
+        if ip[IP_ERROR]:
+            return
     unused_cached = 0
     for b in range(blocks):
         if id_of_block[b] >= 0 and not reused[b]:

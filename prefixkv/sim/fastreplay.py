@@ -36,7 +36,8 @@ from ..flat.replay_layout import (  # noqa: F401  (the counters too: replay read
     IP_HAND, IP_INHERIT, IP_INIT_FREQ, IP_LIFETIME, IP_LIMIT, IP_MAXFREQ, IP_MOVE, IP_PUSHED, IP_QUEUES, IP_SLOTS,
     IP_SMALL_TARGET, LEAF_LRU, LFU, LRU, MQ, NONE, S3FIFO, SIEVE, SLRU, TWOQ)
 from ..flat.replay_layout import (CAR, FP_DOWN, FP_GHOST, FP_HALF_LIFE, FP_MEDIAN, FP_MEMORY, FP_P_INNER, FP_P_LEAF,
-                                  FP_RATE, FP_STEP, FP_UP, FP_WINDOW, IP_LEAF_PENALTY, IP_MEMORY_CAP, IP_REL_HEAD, LRFU)
+                                  FP_RATE, FP_STEP, FP_UP, FP_WINDOW, IP_LEAF_PENALTY, IP_LIR_LIMIT, IP_MEMORY_CAP,
+                                  IP_ERROR, IP_NONRESIDENT_LIMIT, IP_REL_HEAD, LIRS, LRFU)
 
 
 # -- the Python side ---------------------------------------------------------------------------------
@@ -51,6 +52,7 @@ def policy_kind(policy) -> tuple[int, dict] | None:
     from ..policies import ARCPolicy, FIFOPolicy, LFUPolicy, LRUPolicy, S3FIFOPolicy, SLRUPolicy, make_policy
     from ..policies.car import CARPolicy
     from ..policies.clock import ClockPolicy
+    from ..policies.lirs import LIRSPolicy
     from ..policies.lrfu import LRFUPolicy
     from ..policies.gdsf import GDSFPolicy
     from ..policies.leaf_lru import LeafLRUPolicy
@@ -61,7 +63,8 @@ def policy_kind(policy) -> tuple[int, dict] | None:
     obj = make_policy(policy)
     classes = {LRU: LRUPolicy, FIFO: FIFOPolicy, SLRU: SLRUPolicy, S3FIFO: S3FIFOPolicy, ARC: ARCPolicy,
                LFU: LFUPolicy, CLOCK: ClockPolicy, SIEVE: SievePolicy, TWOQ: TwoQPolicy, MQ: MQPolicy,
-               LEAF_LRU: LeafLRUPolicy, GDSF: GDSFPolicy, CAR: CARPolicy, LRFU: LRFUPolicy}
+               LEAF_LRU: LeafLRUPolicy, GDSF: GDSFPolicy, CAR: CARPolicy, LRFU: LRFUPolicy,
+               LIRS: LIRSPolicy}
     kind = COMPILED[policy.partition(":")[0].strip()]
     if type(obj) is not classes[kind]:      # a subclass registered in its place would change the rules
         return None
@@ -109,6 +112,9 @@ def _parameters(kind: int, options: dict, capacity: int, block_size: int, ip: np
         ip[IP_MEMORY_CAP] = 64 * capacity
         ip[IP_LEAF_PENALTY] = bool(options["leaf_penalty"])
         ip[IP_REL_HEAD] = 1                  # releases are ticks 1, 2, ...; rescaled in ``run``
+    elif kind == LIRS:
+        ip[IP_LIR_LIMIT] = max(0, capacity - max(1, int(options["hir_fraction"] * capacity)))
+        ip[IP_NONRESIDENT_LIMIT] = int(options["nonresident_ratio"] * capacity)
 
 
 def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: int = 16) -> tuple[np.ndarray, np.ndarray]:
@@ -155,6 +161,12 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
     gint = np.full((arrays.num_ids if kind == LRFU else 1, 2), -1, np.int64)
     lg = np.zeros((refs, 3), np.int32 if refs < 2**31 - 1 and arrays.num_ids < 2**31 - 1 else np.int64)
     rel_leaf = np.zeros(refs, np.uint8)
+    # LIRS: the stack S over ids and each id's status
+    stack = arrays.num_ids if kind == LIRS else 1
+    sprev = np.full(stack, NONE, np.int64)
+    snxt = np.full(stack, NONE, np.int64)
+    swhere = np.full(stack, -1, np.int8)
+    sstat = np.full(stack, -1, np.int8)
     hits = np.zeros(num_requests, np.int64)
     counters = np.zeros(8, np.int64)
     from ..flat.replay_kernels import lrfu_rescale, replay_cache
@@ -164,7 +176,9 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
 
     replay_cache(kind, arrays.offsets, arrays.ids, arrays.total_blocks, capacity, warm, ip, fp, ends, gends,
                  prev, nxt, where, ival, jval, fval, kt, bint, bflt, heap, pos, gprev, gnxt, gwhere, gval, gflt,
-                 gint, lg, rel_leaf, hits, counters)
+                 gint, lg, rel_leaf, sprev, snxt, swhere, sstat, hits, counters)
+    if ip[IP_ERROR]:        # where the Python class raises (LIRS with no LIR block at S's bottom)
+        raise KeyError(f"block id {ip[IP_ERROR] - 1} (dense) is not resident: the policy's own replay fails here too")
     return hits, counters
 
 

@@ -30,17 +30,29 @@ SPECS = ["lru", "fifo", "slru", "s3fifo", "arc", "lfu",
          "mq:n_queues=3:lifetime=4", "mq:lifetime=1:ghost_ratio=0", "mq:n_queues=1", "mq:n_queues=12:lifetime=2:ghost_ratio=0.5",
          "leaf-lru", "gdsf", "gdsf:orphan_factor=0.5", "gdsf:inherit=false:depth_cost=0.25", "gdsf:depth_cost=0:orphan_factor=1",
          "car", "lrfu", "lrfu:half_life=0.01:ghost=0:step=0.5:memory=0.5", "lrfu:leaf_penalty=false:window=0.01:rate=1",
-         "lrfu:reuse_distance=3:step=0", "lrfu:ghost=3:rate=0.5:half_life=0.2"]
+         "lrfu:reuse_distance=3:step=0", "lrfu:ghost=3:rate=0.5:half_life=0.2",
+         "lirs", "lirs:hir_fraction=0.5:nonresident_ratio=0.5", "lirs:nonresident_ratio=0", "lirs:hir_fraction=0:nonresident_ratio=5"]
 
 
 def both(trace, policy, capacity, **kwargs):
+    try:
+        general = replay(trace, policy, capacity, engine="general", **kwargs)
+    except KeyError:
+        # LIRSPolicy raises KeyError where S's bottom is no resident block (at capacity 1, with no
+        # LIR block to demote): the compiled loop raises it at the same replay
+        if not policy.startswith("lirs"):
+            raise
+        with pytest.raises(KeyError):
+            replay(trace, policy, capacity, engine="compiled", **kwargs)
+        return None, None
     compiled = replay(trace, policy, capacity, engine="compiled", **kwargs)
-    general = replay(trace, policy, capacity, engine="general", **kwargs)
     assert compiled.engine == "compiled" and general.engine == "general"
     return compiled, general
 
 
 def assert_same(compiled, general):
+    if compiled is None and general is None:      # both raised
+        return
     assert compiled.as_dict() == general.as_dict()
     assert compiled == general
 

@@ -62,6 +62,9 @@ PINNED = {
     ("conversation_trace.jsonl", 9140, "lrfu"): (63901, 32716034, 215459, 224599, 200057),
     ("synthetic_trace.jsonl", 2196, "lrfu"): (20300, 10393280, 99381, 101577, 93944),
     ("weka-kv-cache-tester-more", 16114, "lrfu"): (2368797, 151603008, 3209213, 3225327, 2710486),
+    ("conversation_trace.jsonl", 9140, "lirs"): (58502, 29948017, 220816, 229956, 211512),
+    ("synthetic_trace.jsonl", 2196, "lirs"): (18376, 9407493, 101305, 103501, 93046),
+    ("weka-kv-cache-tester-more", 16114, "lirs"): (1934004, 123776256, 3633453, 3649567, 3071136),
 }
 # The manager's replay of these cells takes 12-35 s each: the compiled loop alone checks them
 # (lru runs on both, and the lockstep tests compare the two paths).
