@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from .replay_layout import IP_COUNTED, IP_SAMPLE, IP_SIZE0, WTINYLFU
 from .replay_layout import (HIR, IP_ERROR, IP_LIR_LIMIT, IP_NONRESIDENT_LIMIT, IP_NUM_LIR, LIR, LIRS, NONRESIDENT)
 from .replay_layout import (CAR, FP_DOWN, FP_GHOST, FP_HALF_LIFE, FP_HIGH, FP_INV_H, FP_LOW, FP_MEDIAN, FP_MEMORY,
                               FP_P_INNER, FP_P_LEAF, FP_RATE, FP_STEP, FP_TAU, FP_UP, FP_WINDOW, G_LAST, G_OPEN,
@@ -485,6 +486,63 @@ def _lirs_make_lir(prev, nxt, where, ends, sprev, snxt, swhere, sstat, gprev, gn
                             block_of_id, ip)
 
 
+# -- W-TinyLFU: segments window (list 0), probation (1), protected (2), each block's in ival, sizes
+# (blocks in use included) in ip[IP_SIZE0 + segment]; exact counts per id in gval, the ids counted
+# listed in gint[:, 0]
+
+@_jit(nogil=True, inline="always")
+def _wt_count(h, gval, gint, ip):
+    n = gval[h]
+    if n == 0:
+        gint[ip[IP_COUNTED], 0] = h
+        ip[IP_COUNTED] += 1
+    gval[h] = n + 1
+    ip[IP_ACCESSES] += 1
+    if ip[IP_ACCESSES] >= ip[IP_SAMPLE]:       # age: every count halves, zeros are forgotten
+        ip[IP_ACCESSES] = 0
+        kept = 0
+        for i in range(ip[IP_COUNTED]):
+            g = gint[i, 0]
+            n = gval[g]
+            if n > 1:
+                gval[g] = n >> 1
+                gint[kept, 0] = g
+                kept += 1
+            else:
+                gval[g] = 0
+        ip[IP_COUNTED] = kept
+
+
+@_jit(nogil=True, inline="always")
+def _wt_move(b, segment, ival, ip):
+    ip[IP_SIZE0 + ival[b]] -= 1
+    ival[b] = segment
+    ip[IP_SIZE0 + segment] += 1
+
+
+@_jit(nogil=True, inline="always")
+def _wt_spill(prev, nxt, where, ends, ival, ip):
+    while ip[IP_SIZE0] > ip[IP_WINDOW] and ends[0, 2]:
+        b = _pop_head(prev, nxt, where, ends, 0)
+        _wt_move(b, 1, ival, ip)
+        _push(prev, nxt, where, ends, 1, b)
+
+
+@_jit(nogil=True, inline="always")
+def _wt_demote_overflow(prev, nxt, where, ends, ival, ip):
+    while ip[IP_SIZE0 + 2] > ip[IP_LIMIT] and ends[2, 2]:
+        b = _pop_head(prev, nxt, where, ends, 2)
+        _wt_move(b, 1, ival, ip)
+        _push(prev, nxt, where, ends, 1, b)
+
+
+@_jit(nogil=True, inline="always")
+def _wt_take(prev, nxt, where, ends, ival, ip, b):
+    _cut(prev, nxt, where, ends, b)
+    ip[IP_SIZE0 + ival[b]] -= 1
+    return b
+
+
 @_jit(nogil=True, inline="always")
 def _car_trim(gprev, gnxt, gwhere, gends, ends, ip):
     """CAR's ghost trim before a new hash enters T1."""
@@ -615,6 +673,12 @@ def _on_cached(kind, b, h, depth, parent, prev, nxt, where, ends, cursor, heap, 
         else:
             sstat[h] = HIR
             _lirs_to_top(sprev, snxt, swhere, gends, h)
+    elif kind == WTINYLFU:
+        _wt_count(h, gval, gint, ip)
+        ival[b] = 0
+        ip[IP_SIZE0] += 1
+        if ip[IP_SIZE0] > ip[IP_WINDOW]:
+            _wt_spill(prev, nxt, where, ends, ival, ip)
 
 
 @_jit(nogil=True, inline="always")
@@ -695,6 +759,12 @@ def _on_hit(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt,
                                 block_of_id, ip)
         else:
             _lirs_to_top(sprev, snxt, swhere, gends, h)           # stays HIR; rejoins Q's end when released
+    elif kind == WTINYLFU:
+        _cut(prev, nxt, where, ends, b)
+        _wt_count(h, gval, gint, ip)
+        if ival[b] == 1:
+            _wt_move(b, 2, ival, ip)
+            _wt_demote_overflow(prev, nxt, where, ends, ival, ip)
 
 
 @_jit(nogil=True, inline="always")
@@ -794,12 +864,32 @@ def _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval
     elif kind == LIRS:
         q = 1 if sstat[h] == LIR else 0
         _push(prev, nxt, where, ends, q, b)
+    elif kind == WTINYLFU:
+        segment = ival[b]
+        _push(prev, nxt, where, ends, segment, b)
+        if segment == 2:
+            _wt_demote_overflow(prev, nxt, where, ends, ival, ip)
+        elif segment == 0 and ip[IP_SIZE0] > ip[IP_WINDOW]:
+            _wt_spill(prev, nxt, where, ends, ival, ip)
     # FIFO, S3-FIFO, CLOCK, SIEVE, 2Q's A1in: a held block keeps its place; releasing it only ends the hold
 
 
 @_jit(nogil=True, inline="always")
 def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
            id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, ip, fp):
+    if kind == WTINYLFU:
+        main = 1 if ends[1, 2] else (2 if ends[2, 2] else -1)
+        if ends[0, 2] and (ip[IP_SIZE0] >= ip[IP_WINDOW] or main < 0):
+            candidate = ends[0, 0]
+            if main >= 0:
+                victim = ends[main, 0]
+                if gval[id_of_block[candidate]] > gval[id_of_block[victim]]:   # admitted: the main victim goes
+                    _cut(prev, nxt, where, ends, candidate)
+                    _wt_move(candidate, 1, ival, ip)
+                    _push(prev, nxt, where, ends, 1, candidate)
+                    return _wt_take(prev, nxt, where, ends, ival, ip, victim)
+            return _wt_take(prev, nxt, where, ends, ival, ip, candidate)
+        return _wt_take(prev, nxt, where, ends, ival, ip, ends[main, 0])
     if kind == LIRS:
         sprev, snxt, swhere, sstat = ls
         q = 0 if ends[0, 2] else 1

@@ -6,10 +6,10 @@ No numba here: the Python side reads these before it knows whether numba loads.
 NONE = -1           # end of a list
 UNSET = -3          # a queue's cursor before the first walk of an allocation
 
-LRU, FIFO, SLRU, S3FIFO, ARC, LFU, CLOCK, SIEVE, TWOQ, MQ, LEAF_LRU, GDSF, CAR, LRFU, LIRS = range(15)
+LRU, FIFO, SLRU, S3FIFO, ARC, LFU, CLOCK, SIEVE, TWOQ, MQ, LEAF_LRU, GDSF, CAR, LRFU, LIRS, WTINYLFU = range(16)
 COMPILED = {"lru": LRU, "fifo": FIFO, "slru": SLRU, "s3fifo": S3FIFO, "arc": ARC, "lfu": LFU,
             "clock": CLOCK, "sieve": SIEVE, "2q": TWOQ, "mq": MQ, "leaf-lru": LEAF_LRU, "gdsf": GDSF,
-            "car": CAR, "lrfu": LRFU, "lirs": LIRS}
+            "car": CAR, "lrfu": LRFU, "lirs": LIRS, "wtinylfu": WTINYLFU}
 GHOSTS = (S3FIFO, ARC, TWOQ, MQ, CAR, LRFU, LIRS)    # the kinds that remember evicted ids
 
 # ip (int64 policy parameters and scalars) and fp (float64) slots
@@ -17,8 +17,9 @@ IP_LIMIT, IP_MOVE, IP_MAXFREQ, IP_SMALL_TARGET, IP_GHOST_SIZE, IP_CAPACITY, IP_S
     IP_ACCESSES, IP_HALF_LIFE, IP_TICKET, IP_HEAP, IP_NUM_PROTECTED, IP_INIT_FREQ, IP_HAND, IP_PUSHED, \
     IP_PUSHED_VALUE, IP_VTIME, IP_PENDING, IP_QUEUES, IP_LIFETIME, IP_HEAP2, IP_INHERIT, IP_EVICTED_PARENT, \
     IP_NOW, IP_WINDOW, IP_MEMORY, IP_MEMORY_CAP, IP_LEAF_PENALTY, IP_ACC_HEAD, IP_ACC_TAIL, IP_REL_HEAD, \
-    IP_NUM_LIR, IP_LIR_LIMIT, IP_NONRESIDENT_LIMIT, IP_ERROR = range(36)
-IP_SLOTS = 40
+    IP_NUM_LIR, IP_LIR_LIMIT, IP_NONRESIDENT_LIMIT, IP_ERROR, \
+    IP_SAMPLE, IP_COUNTED, IP_SIZE0 = range(39)      # IP_SIZE0 + 0, 1, 2: W-TinyLFU's segment sizes
+IP_SLOTS = 48
 FP_P, FP_CLOCK, FP_DEPTH_COST, FP_ORPHAN, FP_P_LEAF, FP_P_INNER, FP_MEDIAN, FP_UP, FP_DOWN, FP_LOW, FP_HIGH, \
     FP_INV_H, FP_TAU, FP_HALF_LIFE, FP_GHOST, FP_STEP, FP_MEMORY, FP_WINDOW, FP_RATE = range(19)
 FP_SLOTS = 24

@@ -38,6 +38,7 @@ from ..flat.replay_layout import (  # noqa: F401  (the counters too: replay read
 from ..flat.replay_layout import (CAR, FP_DOWN, FP_GHOST, FP_HALF_LIFE, FP_MEDIAN, FP_MEMORY, FP_P_INNER, FP_P_LEAF,
                                   FP_RATE, FP_STEP, FP_UP, FP_WINDOW, IP_LEAF_PENALTY, IP_LIR_LIMIT, IP_MEMORY_CAP,
                                   IP_ERROR, IP_NONRESIDENT_LIMIT, IP_REL_HEAD, LIRS, LRFU)
+from ..flat.replay_layout import IP_SAMPLE, IP_WINDOW, WTINYLFU
 
 
 # -- the Python side ---------------------------------------------------------------------------------
@@ -54,6 +55,7 @@ def policy_kind(policy) -> tuple[int, dict] | None:
     from ..policies.clock import ClockPolicy
     from ..policies.lirs import LIRSPolicy
     from ..policies.lrfu import LRFUPolicy
+    from ..policies.wtinylfu import WTinyLFUPolicy
     from ..policies.gdsf import GDSFPolicy
     from ..policies.leaf_lru import LeafLRUPolicy
     from ..policies.mq import MQPolicy
@@ -64,7 +66,7 @@ def policy_kind(policy) -> tuple[int, dict] | None:
     classes = {LRU: LRUPolicy, FIFO: FIFOPolicy, SLRU: SLRUPolicy, S3FIFO: S3FIFOPolicy, ARC: ARCPolicy,
                LFU: LFUPolicy, CLOCK: ClockPolicy, SIEVE: SievePolicy, TWOQ: TwoQPolicy, MQ: MQPolicy,
                LEAF_LRU: LeafLRUPolicy, GDSF: GDSFPolicy, CAR: CARPolicy, LRFU: LRFUPolicy,
-               LIRS: LIRSPolicy}
+               LIRS: LIRSPolicy, WTINYLFU: WTinyLFUPolicy}
     kind = COMPILED[policy.partition(":")[0].strip()]
     if type(obj) is not classes[kind]:      # a subclass registered in its place would change the rules
         return None
@@ -115,6 +117,11 @@ def _parameters(kind: int, options: dict, capacity: int, block_size: int, ip: np
     elif kind == LIRS:
         ip[IP_LIR_LIMIT] = max(0, capacity - max(1, int(options["hir_fraction"] * capacity)))
         ip[IP_NONRESIDENT_LIMIT] = int(options["nonresident_ratio"] * capacity)
+    elif kind == WTINYLFU:
+        window = max(1, round(options["window_fraction"] * capacity))
+        ip[IP_WINDOW] = window
+        ip[IP_LIMIT] = int(options["protected_fraction"] * max(0, capacity - window))
+        ip[IP_SAMPLE] = max(1, int(options["sample_ratio"] * capacity))
 
 
 def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: int = 16) -> tuple[np.ndarray, np.ndarray]:
@@ -151,14 +158,14 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
     gprev = np.full(ghosts, NONE, np.int64)
     gnxt = np.full(ghosts, NONE, np.int64)
     gwhere = np.full(max(ghosts, arrays.num_ids), -1, np.int8)
-    per_id = kind in (TWOQ, MQ, LEAF_LRU, GDSF, LRFU)       # LRFU: cached blocks under an id
+    per_id = kind in (TWOQ, MQ, LEAF_LRU, GDSF, LRFU, WTINYLFU)   # LRFU: cached blocks under an id; W-TinyLFU: counts
     # 2Q, MQ: a ghost's value; leaf-LRU: cached children per id; GDSF: the first candidate keyed under it
     gval = np.full(arrays.num_ids if per_id else 1, NONE if kind == GDSF else 0, np.int64)
     gflt = np.zeros(arrays.num_ids if kind in (GDSF, LRFU) else 1, np.float64)   # GDSF: chain value; LRFU: ghost score
     # LRFU: per id the ticks of its last access and open experiment; its accesses and releases in
     # order (each is one reference of the trace at most), as (tick, id) and (id, is leaf) by tick
     refs = int(arrays.offsets[-1]) + 2 if kind == LRFU else 1
-    gint = np.full((arrays.num_ids if kind == LRFU else 1, 2), -1, np.int64)
+    gint = np.full((arrays.num_ids if kind in (LRFU, WTINYLFU) else 1, 2), -1, np.int64)   # W-TinyLFU: ids counted
     lg = np.zeros((refs, 3), np.int32 if refs < 2**31 - 1 and arrays.num_ids < 2**31 - 1 else np.int64)
     rel_leaf = np.zeros(refs, np.uint8)
     # LIRS: the stack S over ids and each id's status

@@ -31,7 +31,9 @@ SPECS = ["lru", "fifo", "slru", "s3fifo", "arc", "lfu",
          "leaf-lru", "gdsf", "gdsf:orphan_factor=0.5", "gdsf:inherit=false:depth_cost=0.25", "gdsf:depth_cost=0:orphan_factor=1",
          "car", "lrfu", "lrfu:half_life=0.01:ghost=0:step=0.5:memory=0.5", "lrfu:leaf_penalty=false:window=0.01:rate=1",
          "lrfu:reuse_distance=3:step=0", "lrfu:ghost=3:rate=0.5:half_life=0.2",
-         "lirs", "lirs:hir_fraction=0.5:nonresident_ratio=0.5", "lirs:nonresident_ratio=0", "lirs:hir_fraction=0:nonresident_ratio=5"]
+         "lirs", "lirs:hir_fraction=0.5:nonresident_ratio=0.5", "lirs:nonresident_ratio=0", "lirs:hir_fraction=0:nonresident_ratio=5",
+         "wtinylfu", "wtinylfu:window_fraction=0.3:protected_fraction=0.5:sample_ratio=0.5",
+         "wtinylfu:protected_fraction=0:sample_ratio=0.1", "wtinylfu:window_fraction=0.9:protected_fraction=1"]
 
 
 def both(trace, policy, capacity, **kwargs):

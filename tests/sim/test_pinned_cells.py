@@ -65,6 +65,9 @@ PINNED = {
     ("conversation_trace.jsonl", 9140, "lirs"): (58502, 29948017, 220816, 229956, 211512),
     ("synthetic_trace.jsonl", 2196, "lirs"): (18376, 9407493, 101305, 103501, 93046),
     ("weka-kv-cache-tester-more", 16114, "lirs"): (1934004, 123776256, 3633453, 3649567, 3071136),
+    ("conversation_trace.jsonl", 9140, "wtinylfu"): (34785, 17802588, 241678, 250818, 243354),
+    ("synthetic_trace.jsonl", 2196, "wtinylfu"): (14916, 7632401, 102830, 105026, 101454),
+    ("weka-kv-cache-tester-more", 16114, "wtinylfu"): (1884043, 120578752, 3575176, 3591290, 3273269),
 }
 # The manager's replay of these cells takes 12-35 s each: the compiled loop alone checks them
 # (lru runs on both, and the lockstep tests compare the two paths).
