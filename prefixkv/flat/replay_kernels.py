@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from .replay_layout import FP_DISCOUNT, FP_LEARNING_RATE, FP_W_LFU, FP_W_LRU, IP_LC_PUSHED, IP_TIME, LECAR
 from .replay_layout import IP_COUNTED, IP_SAMPLE, IP_SIZE0, WTINYLFU
 from .replay_layout import (HIR, IP_ERROR, IP_LIR_LIMIT, IP_NONRESIDENT_LIMIT, IP_NUM_LIR, LIR, LIRS, NONRESIDENT)
 from .replay_layout import (CAR, FP_DOWN, FP_GHOST, FP_HALF_LIFE, FP_HIGH, FP_INV_H, FP_LOW, FP_MEDIAN, FP_MEMORY,
@@ -543,6 +544,72 @@ def _wt_take(prev, nxt, where, ends, ival, ip, b):
     return b
 
 
+# -- LeCaR: Python's random.Random (MT19937, its state from ``getstate``: 624 words, then the index),
+# two histories (GhostList, each with its own pushed-out entry) over ids: count in gval, time in gint[:, 0]
+
+@_jit(nogil=True, inline="always")
+def _mt_word(mt):
+    i = mt[624]
+    if i >= 624:
+        for kk in range(624):
+            y = (mt[kk] & 0x80000000) | (mt[(kk + 1) % 624] & 0x7fffffff)
+            v = mt[(kk + 397) % 624] ^ (y >> 1)
+            if y & 1:
+                v ^= 0x9908b0df
+            mt[kk] = v
+        i = 0
+    y = mt[i]
+    mt[624] = i + 1
+    y ^= y >> 11
+    y ^= (y << 7) & 0x9d2c5680
+    y ^= (y << 15) & 0xefc60000
+    y ^= y >> 18
+    return y & 0xffffffff
+
+
+@_jit(nogil=True, inline="always")
+def _mt_random(mt):
+    """``random.Random.random()``: 53 bits from two words."""
+    a = _mt_word(mt) >> 5
+    b = _mt_word(mt) >> 6
+    return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0)
+
+
+@_jit(nogil=True, inline="always")
+def _lc_add(gprev, gnxt, gwhere, gends, gval, gint, g, h, time, freq, limit, ip):
+    _push(gprev, gnxt, gwhere, gends, g, h)
+    gint[h, 0] = time
+    gval[h] = freq
+    slot = IP_LC_PUSHED + 3 * g
+    if gends[g, 2] > limit:
+        old = _pop_head(gprev, gnxt, gwhere, gends, g)
+        ip[slot] = old
+        ip[slot + 1] = gint[old, 0]
+        ip[slot + 2] = gval[old]
+    else:
+        ip[slot] = NONE
+
+
+@_jit(nogil=True, inline="always")
+def _lc_take(gprev, gnxt, gwhere, gends, gval, gint, g, h, ip):
+    """``GhostList.take`` of history ``g``: whether ``h`` was there; its (time, count) in ``ip[slot + 1:3]``."""
+    slot = IP_LC_PUSHED + 3 * g
+    pushed = ip[slot]
+    ip[slot] = NONE
+    if gwhere[h] == g:
+        _cut(gprev, gnxt, gwhere, gends, h)
+        time = gint[h, 0]
+        freq = gval[h]
+        if pushed != NONE:
+            _push_front(gprev, gnxt, gwhere, gends, g, pushed)
+            gint[pushed, 0] = ip[slot + 1]
+            gval[pushed] = ip[slot + 2]
+        ip[slot + 1] = time
+        ip[slot + 2] = freq
+        return True
+    return pushed == h         # the entry the latest add pushed out: its values are in the slots
+
+
 @_jit(nogil=True, inline="always")
 def _car_trim(gprev, gnxt, gwhere, gends, ends, ip):
     """CAR's ghost trim before a new hash enters T1."""
@@ -673,6 +740,23 @@ def _on_cached(kind, b, h, depth, parent, prev, nxt, where, ends, cursor, heap, 
         else:
             sstat[h] = HIR
             _lirs_to_top(sprev, snxt, swhere, gends, h)
+    elif kind == LECAR:
+        ip[IP_TIME] += 1
+        freq = 0
+        for expert in range(2):         # a returning hash rewards the expert that did not evict it
+            if _lc_take(gprev, gnxt, gwhere, gends, gval, gint, expert, h, ip):
+                slot = IP_LC_PUSHED + 3 * expert
+                reward = math.exp(fp[FP_LEARNING_RATE] * fp[FP_DISCOUNT] ** float(ip[IP_TIME] - ip[slot + 1]))
+                if expert == 0:
+                    fp[FP_W_LFU] *= reward
+                else:
+                    fp[FP_W_LRU] *= reward
+                total = fp[FP_W_LRU] + fp[FP_W_LFU]
+                fp[FP_W_LRU] /= total
+                fp[FP_W_LFU] /= total
+                freq = ip[slot + 2]
+                break
+        ival[b] = freq + 1
     elif kind == WTINYLFU:
         _wt_count(h, gval, gint, ip)
         ival[b] = 0
@@ -759,6 +843,11 @@ def _on_hit(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt,
                                 block_of_id, ip)
         else:
             _lirs_to_top(sprev, snxt, swhere, gends, h)           # stays HIR; rejoins Q's end when released
+    elif kind == LECAR:
+        _cut(prev, nxt, where, ends, b)
+        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+        ip[IP_TIME] += 1
+        ival[b] += 1
     elif kind == WTINYLFU:
         _cut(prev, nxt, where, ends, b)
         _wt_count(h, gval, gint, ip)
@@ -864,6 +953,12 @@ def _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval
     elif kind == LIRS:
         q = 1 if sstat[h] == LIR else 0
         _push(prev, nxt, where, ends, q, b)
+    elif kind == LECAR:
+        _push(prev, nxt, where, ends, 0, b)
+        fval[b] = ival[b]                                         # keyed (count, release ticket)
+        kt[b] = ip[IP_TICKET]
+        ip[IP_TICKET] += 1
+        _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
     elif kind == WTINYLFU:
         segment = ival[b]
         _push(prev, nxt, where, ends, segment, b)
@@ -876,7 +971,18 @@ def _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval
 
 @_jit(nogil=True, inline="always")
 def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
-           id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, ip, fp):
+           id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    if kind == LECAR:
+        by_lru = ends[0, 0]
+        by_lfu = heap[0]
+        expert = 0 if _mt_random(mt) < fp[FP_W_LRU] else 1
+        b = by_lru if expert == 0 else by_lfu
+        _cut(prev, nxt, where, ends, b)
+        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+        if by_lru != by_lfu:
+            _lc_add(gprev, gnxt, gwhere, gends, gval, gint, expert, id_of_block[b], ip[IP_TIME], ival[b],
+                    ip[IP_CAPACITY], ip)
+        return b
     if kind == WTINYLFU:
         main = 1 if ends[1, 2] else (2 if ends[2, 2] else -1)
         if ends[0, 2] and (ip[IP_SIZE0] >= ip[IP_WINDOW] or main < 0):
@@ -1094,7 +1200,7 @@ def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, j
 @_jit(nogil=True)
 def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends, gends,
                  prev, nxt, where, ival, jval, fval, kt, bint, bflt, heap, pos, gprev, gnxt, gwhere, gval, gflt,
-                 gint, lg, rel_leaf, sprev, snxt, swhere, sstat, hits, counters):
+                 gint, lg, rel_leaf, sprev, snxt, swhere, sstat, mt, hits, counters):
     """Replay every request (cache mode); ``hits[i]``: request ``i``'s leading hits (0 for one
     longer than the pool, which changes nothing); ``counters``: see ``C_*``. The policy state
     arrays come initialised from ``CompiledReplay``."""
@@ -1167,7 +1273,8 @@ def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends,
                 cursor[q] = UNSET
             while got < need:
                 v = _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt,
-                           bint, bflt, id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, ip, fp)
+                           bint, bflt, id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint,
+                           ip, fp)
                 evictions += 1
                 if not reused[v]:
                     unused += 1

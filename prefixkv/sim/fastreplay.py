@@ -39,6 +39,7 @@ from ..flat.replay_layout import (CAR, FP_DOWN, FP_GHOST, FP_HALF_LIFE, FP_MEDIA
                                   FP_RATE, FP_STEP, FP_UP, FP_WINDOW, IP_LEAF_PENALTY, IP_LIR_LIMIT, IP_MEMORY_CAP,
                                   IP_ERROR, IP_NONRESIDENT_LIMIT, IP_REL_HEAD, LIRS, LRFU)
 from ..flat.replay_layout import IP_SAMPLE, IP_WINDOW, WTINYLFU
+from ..flat.replay_layout import FP_DISCOUNT, FP_LEARNING_RATE, FP_W_LFU, FP_W_LRU, IP_LC_PUSHED, LECAR
 
 
 # -- the Python side ---------------------------------------------------------------------------------
@@ -54,6 +55,7 @@ def policy_kind(policy) -> tuple[int, dict] | None:
     from ..policies.car import CARPolicy
     from ..policies.clock import ClockPolicy
     from ..policies.lirs import LIRSPolicy
+    from ..policies.lecar import LeCaRPolicy
     from ..policies.lrfu import LRFUPolicy
     from ..policies.wtinylfu import WTinyLFUPolicy
     from ..policies.gdsf import GDSFPolicy
@@ -66,7 +68,7 @@ def policy_kind(policy) -> tuple[int, dict] | None:
     classes = {LRU: LRUPolicy, FIFO: FIFOPolicy, SLRU: SLRUPolicy, S3FIFO: S3FIFOPolicy, ARC: ARCPolicy,
                LFU: LFUPolicy, CLOCK: ClockPolicy, SIEVE: SievePolicy, TWOQ: TwoQPolicy, MQ: MQPolicy,
                LEAF_LRU: LeafLRUPolicy, GDSF: GDSFPolicy, CAR: CARPolicy, LRFU: LRFUPolicy,
-               LIRS: LIRSPolicy, WTINYLFU: WTinyLFUPolicy}
+               LIRS: LIRSPolicy, WTINYLFU: WTinyLFUPolicy, LECAR: LeCaRPolicy}
     kind = COMPILED[policy.partition(":")[0].strip()]
     if type(obj) is not classes[kind]:      # a subclass registered in its place would change the rules
         return None
@@ -86,6 +88,14 @@ def _parameters(kind: int, options: dict, capacity: int, block_size: int, ip: np
         ip[IP_MAXFREQ] = options["max_freq"]
     elif kind in (ARC, CAR):
         ip[IP_CAPACITY] = capacity
+    elif kind == LECAR:
+        c = max(1, capacity)
+        ip[IP_CAPACITY] = c                                                 # each history's limit
+        given = options["_discount_option"]
+        fp[FP_DISCOUNT] = given if given is not None else 0.005 ** (1.0 / c)
+        fp[FP_LEARNING_RATE] = options["learning_rate"]
+        fp[FP_W_LRU] = fp[FP_W_LFU] = 0.5
+        ip[IP_LC_PUSHED] = ip[IP_LC_PUSHED + 3] = NONE
     elif kind == LFU:
         given = options["_half_life_option"]
         ip[IP_HALF_LIFE] = given if given is not None else max(16, capacity)
@@ -148,7 +158,7 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
     jval = np.full(blocks if kind in (MQ, LEAF_LRU, GDSF, LRFU) else 1, NONE, np.int64)
     fval = np.zeros(blocks, np.float64)
     kt = np.zeros(blocks, np.int64)
-    heaps = {LFU: blocks, GDSF: blocks, LRFU: blocks, LEAF_LRU: 2 * blocks}.get(kind, 0)    # leaf-LRU: leaves, then inner
+    heaps = {LFU: blocks, GDSF: blocks, LRFU: blocks, LECAR: blocks, LEAF_LRU: 2 * blocks}.get(kind, 0)    # leaf-LRU: leaves, then inner
     heap = np.zeros(max(1, heaps), np.int64)
     pos = np.full(blocks if heaps else 1, -1, np.int64)
     bint = np.full((blocks if kind == GDSF else 1, 4), NONE, np.int64)
@@ -158,14 +168,14 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
     gprev = np.full(ghosts, NONE, np.int64)
     gnxt = np.full(ghosts, NONE, np.int64)
     gwhere = np.full(max(ghosts, arrays.num_ids), -1, np.int8)
-    per_id = kind in (TWOQ, MQ, LEAF_LRU, GDSF, LRFU, WTINYLFU)   # LRFU: cached blocks under an id; W-TinyLFU: counts
+    per_id = kind in (TWOQ, MQ, LEAF_LRU, GDSF, LRFU, WTINYLFU, LECAR)   # LRFU: cached blocks under an id; W-TinyLFU: counts
     # 2Q, MQ: a ghost's value; leaf-LRU: cached children per id; GDSF: the first candidate keyed under it
     gval = np.full(arrays.num_ids if per_id else 1, NONE if kind == GDSF else 0, np.int64)
     gflt = np.zeros(arrays.num_ids if kind in (GDSF, LRFU) else 1, np.float64)   # GDSF: chain value; LRFU: ghost score
     # LRFU: per id the ticks of its last access and open experiment; its accesses and releases in
     # order (each is one reference of the trace at most), as (tick, id) and (id, is leaf) by tick
     refs = int(arrays.offsets[-1]) + 2 if kind == LRFU else 1
-    gint = np.full((arrays.num_ids if kind in (LRFU, WTINYLFU) else 1, 2), -1, np.int64)   # W-TinyLFU: ids counted
+    gint = np.full((arrays.num_ids if kind in (LRFU, WTINYLFU, LECAR) else 1, 2), -1, np.int64)   # W-TinyLFU: ids counted
     lg = np.zeros((refs, 3), np.int32 if refs < 2**31 - 1 and arrays.num_ids < 2**31 - 1 else np.int64)
     rel_leaf = np.zeros(refs, np.uint8)
     # LIRS: the stack S over ids and each id's status
@@ -174,6 +184,12 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
     snxt = np.full(stack, NONE, np.int64)
     swhere = np.full(stack, -1, np.int8)
     sstat = np.full(stack, -1, np.int8)
+    # LeCaR: its random.Random(seed)'s state, as getstate gives it (624 words, then the index)
+    if kind == LECAR:
+        import random
+        mt = np.array(random.Random(options["seed"]).getstate()[1], np.int64)
+    else:
+        mt = np.zeros(625, np.int64)
     hits = np.zeros(num_requests, np.int64)
     counters = np.zeros(8, np.int64)
     from ..flat.replay_kernels import lrfu_rescale, replay_cache
@@ -183,7 +199,7 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
 
     replay_cache(kind, arrays.offsets, arrays.ids, arrays.total_blocks, capacity, warm, ip, fp, ends, gends,
                  prev, nxt, where, ival, jval, fval, kt, bint, bflt, heap, pos, gprev, gnxt, gwhere, gval, gflt,
-                 gint, lg, rel_leaf, sprev, snxt, swhere, sstat, hits, counters)
+                 gint, lg, rel_leaf, sprev, snxt, swhere, sstat, mt, hits, counters)
     if ip[IP_ERROR]:        # where the Python class raises (LIRS with no LIR block at S's bottom)
         raise KeyError(f"block id {ip[IP_ERROR] - 1} (dense) is not resident: the policy's own replay fails here too")
     return hits, counters

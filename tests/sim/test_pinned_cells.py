@@ -68,6 +68,9 @@ PINNED = {
     ("conversation_trace.jsonl", 9140, "wtinylfu"): (34785, 17802588, 241678, 250818, 243354),
     ("synthetic_trace.jsonl", 2196, "wtinylfu"): (14916, 7632401, 102830, 105026, 101454),
     ("weka-kv-cache-tester-more", 16114, "wtinylfu"): (1884043, 120578752, 3575176, 3591290, 3273269),
+    ("conversation_trace.jsonl", 9140, "lecar"): (59698, 30548551, 219662, 228802, 200522),
+    ("synthetic_trace.jsonl", 2196, "lecar"): (18609, 9523719, 101057, 103253, 92313),
+    ("weka-kv-cache-tester-more", 16114, "lecar"): (2202427, 140955328, 3361225, 3377339, 2801016),
 }
 # The manager's replay of these cells takes 12-35 s each: the compiled loop alone checks them
 # (lru runs on both, and the lockstep tests compare the two paths).
