@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from .replay_layout import BELADY
 from .replay_layout import FP_DISCOUNT, FP_LEARNING_RATE, FP_W_LFU, FP_W_LRU, IP_LC_PUSHED, IP_TIME, LECAR
 from .replay_layout import IP_COUNTED, IP_SAMPLE, IP_SIZE0, WTINYLFU
 from .replay_layout import (HIR, IP_ERROR, IP_LIR_LIMIT, IP_NONRESIDENT_LIMIT, IP_NUM_LIR, LIR, LIRS, NONRESIDENT)
@@ -610,6 +611,18 @@ def _lc_take(gprev, gnxt, gwhere, gends, gval, gint, g, h, ip):
     return pushed == h         # the entry the latest add pushed out: its values are in the slots
 
 
+@_jit(nogil=True)
+def belady_next_uses(offsets, ids, num_ids, out):
+    """``out[p]``: the index of the next request that names reference ``p``'s id, inf if none
+    (``replay._next_uses``)."""
+    after = np.full(num_ids, np.inf)
+    for i in range(offsets.shape[0] - 2, -1, -1):
+        for p in range(offsets[i], offsets[i + 1]):
+            out[p] = after[ids[p]]
+        for p in range(offsets[i], offsets[i + 1]):
+            after[ids[p]] = i
+
+
 @_jit(nogil=True, inline="always")
 def _car_trim(gprev, gnxt, gwhere, gends, ends, ip):
     """CAR's ghost trim before a new hash enters T1."""
@@ -843,6 +856,8 @@ def _on_hit(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt,
                                 block_of_id, ip)
         else:
             _lirs_to_top(sprev, snxt, swhere, gends, h)           # stays HIR; rejoins Q's end when released
+    elif kind == BELADY:
+        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
     elif kind == LECAR:
         _cut(prev, nxt, where, ends, b)
         _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
@@ -953,6 +968,11 @@ def _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval
     elif kind == LIRS:
         q = 1 if sstat[h] == LIR else 0
         _push(prev, nxt, where, ends, q, b)
+    elif kind == BELADY:
+        fval[b] = -gflt[h]                                        # keyed (-next use, release ticket)
+        kt[b] = ip[IP_TICKET]
+        ip[IP_TICKET] += 1
+        _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
     elif kind == LECAR:
         _push(prev, nxt, where, ends, 0, b)
         fval[b] = ival[b]                                         # keyed (count, release ticket)
@@ -972,6 +992,10 @@ def _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval
 @_jit(nogil=True, inline="always")
 def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
            id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    if kind == BELADY:
+        b = heap[0]
+        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+        return b
     if kind == LECAR:
         by_lru = ends[0, 0]
         by_lfu = heap[0]
@@ -1200,7 +1224,7 @@ def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, j
 @_jit(nogil=True)
 def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends, gends,
                  prev, nxt, where, ival, jval, fval, kt, bint, bflt, heap, pos, gprev, gnxt, gwhere, gval, gflt,
-                 gint, lg, rel_leaf, sprev, snxt, swhere, sstat, mt, hits, counters):
+                 gint, lg, rel_leaf, sprev, snxt, swhere, sstat, mt, nu, hits, counters):
     """Replay every request (cache mode); ``hits[i]``: request ``i``'s leading hits (0 for one
     longer than the pool, which changes nothing); ``counters``: see ``C_*``. The policy state
     arrays come initialised from ``CompiledReplay``."""
@@ -1234,6 +1258,14 @@ def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends,
         start = offsets[i]
         n = offsets[i + 1] - start
         total = total_blocks[i]
+        if kind == BELADY:      # the oracle hears of every reference before the request is admitted
+            for j in range(n):
+                h = ids[start + j]
+                gflt[h] = nu[start + j]                           # the id's next use (inf: never)
+                b = block_of_id[h]
+                if b >= 0 and pos[b] >= 0:                        # a candidate: re-keyed, its ticket kept
+                    fval[b] = -nu[start + j]
+                    _hrekey(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
         if total > capacity:
             hits[i] = 0
             continue

@@ -6,10 +6,11 @@ No numba here: the Python side reads these before it knows whether numba loads.
 NONE = -1           # end of a list
 UNSET = -3          # a queue's cursor before the first walk of an allocation
 
-LRU, FIFO, SLRU, S3FIFO, ARC, LFU, CLOCK, SIEVE, TWOQ, MQ, LEAF_LRU, GDSF, CAR, LRFU, LIRS, WTINYLFU, LECAR = range(17)
+LRU, FIFO, SLRU, S3FIFO, ARC, LFU, CLOCK, SIEVE, TWOQ, MQ, LEAF_LRU, GDSF, CAR, LRFU, LIRS, WTINYLFU, LECAR, BELADY = range(18)
 COMPILED = {"lru": LRU, "fifo": FIFO, "slru": SLRU, "s3fifo": S3FIFO, "arc": ARC, "lfu": LFU,
             "clock": CLOCK, "sieve": SIEVE, "2q": TWOQ, "mq": MQ, "leaf-lru": LEAF_LRU, "gdsf": GDSF,
-            "car": CAR, "lrfu": LRFU, "lirs": LIRS, "wtinylfu": WTINYLFU, "lecar": LECAR}
+            "car": CAR, "lrfu": LRFU, "lirs": LIRS, "wtinylfu": WTINYLFU, "lecar": LECAR,
+            "belady": BELADY}
 GHOSTS = (S3FIFO, ARC, TWOQ, MQ, CAR, LRFU, LIRS, LECAR)    # the kinds that remember evicted ids
 
 # ip (int64 policy parameters and scalars) and fp (float64) slots

@@ -20,7 +20,14 @@ tests, ``tests/sim/test_fast_replay.py``, compare both on random and shared trac
 assigned as the pool assigns them, so a policy whose ties fell to block ids would tie the same way.
 The policies that read a block's chain (leaf-LRU, GDSF) get its parent id and depth from its
 place in the request that published it, as the pool records ``parent_hash`` and ``depth``; the
-ghost lists of 2Q and MQ keep ``GhostList``'s pushed-out entry (``policies/ghosts.py``).
+ghost lists of 2Q, MQ and LeCaR keep ``GhostList``'s pushed-out entry (``policies/ghosts.py``).
+Belady's oracle hears each reference's next use (the next request naming its id) before the request
+is admitted, as ``replay`` tells ``set_next_use``; LeCaR draws its expert with MT19937 from
+``random.Random(seed)``'s own state, so its draws are the class's. Where a class raises (LIRS with no
+LIR block at its stack's bottom, at capacity 1) the loop stops and ``run`` raises KeyError too.
+
+Still on the general path: ``workload`` and ``session`` (and any policy object or option this
+module does not know).
 
 The loop itself is ``prefixkv.flat.replay_kernels`` (numba), imported only when a compiled replay
 runs: this module imports without numba (``replay`` asks ``prefixkv.flat.available()`` first).
@@ -39,6 +46,7 @@ from ..flat.replay_layout import (CAR, FP_DOWN, FP_GHOST, FP_HALF_LIFE, FP_MEDIA
                                   FP_RATE, FP_STEP, FP_UP, FP_WINDOW, IP_LEAF_PENALTY, IP_LIR_LIMIT, IP_MEMORY_CAP,
                                   IP_ERROR, IP_NONRESIDENT_LIMIT, IP_REL_HEAD, LIRS, LRFU)
 from ..flat.replay_layout import IP_SAMPLE, IP_WINDOW, WTINYLFU
+from ..flat.replay_layout import BELADY
 from ..flat.replay_layout import FP_DISCOUNT, FP_LEARNING_RATE, FP_W_LFU, FP_W_LRU, IP_LC_PUSHED, LECAR
 
 
@@ -52,6 +60,7 @@ def policy_kind(policy) -> tuple[int, dict] | None:
     if not isinstance(policy, str) or policy.partition(":")[0].strip() not in COMPILED:
         return None
     from ..policies import ARCPolicy, FIFOPolicy, LFUPolicy, LRUPolicy, S3FIFOPolicy, SLRUPolicy, make_policy
+    from ..policies.belady import BeladyPolicy
     from ..policies.car import CARPolicy
     from ..policies.clock import ClockPolicy
     from ..policies.lirs import LIRSPolicy
@@ -68,7 +77,8 @@ def policy_kind(policy) -> tuple[int, dict] | None:
     classes = {LRU: LRUPolicy, FIFO: FIFOPolicy, SLRU: SLRUPolicy, S3FIFO: S3FIFOPolicy, ARC: ARCPolicy,
                LFU: LFUPolicy, CLOCK: ClockPolicy, SIEVE: SievePolicy, TWOQ: TwoQPolicy, MQ: MQPolicy,
                LEAF_LRU: LeafLRUPolicy, GDSF: GDSFPolicy, CAR: CARPolicy, LRFU: LRFUPolicy,
-               LIRS: LIRSPolicy, WTINYLFU: WTinyLFUPolicy, LECAR: LeCaRPolicy}
+               LIRS: LIRSPolicy, WTINYLFU: WTinyLFUPolicy, LECAR: LeCaRPolicy,
+               BELADY: BeladyPolicy}
     kind = COMPILED[policy.partition(":")[0].strip()]
     if type(obj) is not classes[kind]:      # a subclass registered in its place would change the rules
         return None
@@ -158,7 +168,7 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
     jval = np.full(blocks if kind in (MQ, LEAF_LRU, GDSF, LRFU) else 1, NONE, np.int64)
     fval = np.zeros(blocks, np.float64)
     kt = np.zeros(blocks, np.int64)
-    heaps = {LFU: blocks, GDSF: blocks, LRFU: blocks, LECAR: blocks, LEAF_LRU: 2 * blocks}.get(kind, 0)    # leaf-LRU: leaves, then inner
+    heaps = {LFU: blocks, GDSF: blocks, LRFU: blocks, LECAR: blocks, BELADY: blocks, LEAF_LRU: 2 * blocks}.get(kind, 0)    # leaf-LRU: leaves, then inner
     heap = np.zeros(max(1, heaps), np.int64)
     pos = np.full(blocks if heaps else 1, -1, np.int64)
     bint = np.full((blocks if kind == GDSF else 1, 4), NONE, np.int64)
@@ -171,7 +181,8 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
     per_id = kind in (TWOQ, MQ, LEAF_LRU, GDSF, LRFU, WTINYLFU, LECAR)   # LRFU: cached blocks under an id; W-TinyLFU: counts
     # 2Q, MQ: a ghost's value; leaf-LRU: cached children per id; GDSF: the first candidate keyed under it
     gval = np.full(arrays.num_ids if per_id else 1, NONE if kind == GDSF else 0, np.int64)
-    gflt = np.zeros(arrays.num_ids if kind in (GDSF, LRFU) else 1, np.float64)   # GDSF: chain value; LRFU: ghost score
+    # GDSF: chain value; LRFU: ghost score; Belady: next use (inf until the oracle tells it)
+    gflt = np.full(arrays.num_ids if kind in (GDSF, LRFU, BELADY) else 1, np.inf if kind == BELADY else 0.0)
     # LRFU: per id the ticks of its last access and open experiment; its accesses and releases in
     # order (each is one reference of the trace at most), as (tick, id) and (id, is leaf) by tick
     refs = int(arrays.offsets[-1]) + 2 if kind == LRFU else 1
@@ -192,14 +203,18 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
         mt = np.zeros(625, np.int64)
     hits = np.zeros(num_requests, np.int64)
     counters = np.zeros(8, np.int64)
-    from ..flat.replay_kernels import lrfu_rescale, replay_cache
+    from ..flat.replay_kernels import belady_next_uses, lrfu_rescale, replay_cache
+
+    nu = np.zeros(int(arrays.offsets[-1]) if kind == BELADY else 1, np.float64)
+    if kind == BELADY:
+        belady_next_uses(arrays.offsets, arrays.ids, arrays.num_ids, nu)
 
     if kind == LRFU:
         lrfu_rescale(ip, fp)
 
     replay_cache(kind, arrays.offsets, arrays.ids, arrays.total_blocks, capacity, warm, ip, fp, ends, gends,
                  prev, nxt, where, ival, jval, fval, kt, bint, bflt, heap, pos, gprev, gnxt, gwhere, gval, gflt,
-                 gint, lg, rel_leaf, sprev, snxt, swhere, sstat, mt, hits, counters)
+                 gint, lg, rel_leaf, sprev, snxt, swhere, sstat, mt, nu, hits, counters)
     if ip[IP_ERROR]:        # where the Python class raises (LIRS with no LIR block at S's bottom)
         raise KeyError(f"block id {ip[IP_ERROR] - 1} (dense) is not resident: the policy's own replay fails here too")
     return hits, counters

@@ -34,7 +34,8 @@ SPECS = ["lru", "fifo", "slru", "s3fifo", "arc", "lfu",
          "lirs", "lirs:hir_fraction=0.5:nonresident_ratio=0.5", "lirs:nonresident_ratio=0", "lirs:hir_fraction=0:nonresident_ratio=5",
          "wtinylfu", "wtinylfu:window_fraction=0.3:protected_fraction=0.5:sample_ratio=0.5",
          "wtinylfu:protected_fraction=0:sample_ratio=0.1", "wtinylfu:window_fraction=0.9:protected_fraction=1",
-         "lecar", "lecar:seed=7", "lecar:learning_rate=2:discount=0.5:seed=3", "lecar:learning_rate=0:discount=1"]
+         "lecar", "lecar:seed=7", "lecar:learning_rate=2:discount=0.5:seed=3", "lecar:learning_rate=0:discount=1",
+         "belady"]
 
 
 def both(trace, policy, capacity, **kwargs):

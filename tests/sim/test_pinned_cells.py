@@ -71,6 +71,8 @@ PINNED = {
     ("conversation_trace.jsonl", 9140, "lecar"): (59698, 30548551, 219662, 228802, 200522),
     ("synthetic_trace.jsonl", 2196, "lecar"): (18609, 9523719, 101057, 103253, 92313),
     ("weka-kv-cache-tester-more", 16114, "lecar"): (2202427, 140955328, 3361225, 3377339, 2801016),
+    ("conversation_trace.jsonl", 9140, "belady"): (105710, 54098411, 173650, 182790, 138646),
+    ("weka-kv-cache-tester-more", 16114, "belady"): (2906802, 186035328, 2671208, 2687322, 1905178),
 }
 # The manager's replay of these cells takes 12-35 s each: the compiled loop alone checks them
 # (lru runs on both, and the lockstep tests compare the two paths).
