@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .replay_layout import BELADY
+from .replay_layout import BELADY, FP_MEAN, FP_WINDOW_TICKS, IP_ESTIMATE_LIMIT, WORKLOAD
 from .replay_layout import FP_DISCOUNT, FP_LEARNING_RATE, FP_W_LFU, FP_W_LRU, IP_LC_PUSHED, IP_TIME, LECAR
 from .replay_layout import IP_COUNTED, IP_SAMPLE, IP_SIZE0, WTINYLFU
 from .replay_layout import (HIR, IP_ERROR, IP_LIR_LIMIT, IP_NONRESIDENT_LIMIT, IP_NUM_LIR, LIR, LIRS, NONRESIDENT)
@@ -623,6 +623,88 @@ def belady_next_uses(offsets, ids, num_ids, out):
             after[ids[p]] = i
 
 
+# -- workload: classes are prefix roots (ids). ``lw``: the estimates in LRU order (eprev / enxt /
+# ewhere, row 1 of gends) with their values (est); each class's candidates in release order (whead /
+# wtail / wcount, the blocks linked through bint's B_KPREV / B_KNEXT, tickets in kt); the classes with
+# candidates in a heap keyed (rank of the oldest, its ticket) (cheap / cpos / ckf / ckt); the ghosts'
+# class and ticket (gcls / gtick, the ghost list itself row 0 of gprev / gnxt / gwhere); a scratch
+# list of the classes an eviction's ghost expiry touched
+
+_CLAMP = 1e-6       # policies/workload.py's
+
+
+@_jit(nogil=True, inline="always")
+def _wl_get(lw, cls, fp):
+    eprev, enxt, ewhere, est = lw[0], lw[1], lw[2], lw[3]
+    return est[cls] if ewhere[cls] >= 0 else fp[FP_MEAN]
+
+
+@_jit(nogil=True, inline="always")
+def _wl_rekey(lw, bint, kt, cls, ip, fp):
+    est, whead, wcount, cheap, cpos, ckf, ckt = lw[3], lw[4], lw[6], lw[7], lw[8], lw[9], lw[10]
+    if cpos[cls] >= 0:
+        _hremove(cheap, 0, cpos, ckf, ckt, ip, IP_HEAP, cls)
+    if wcount[cls]:
+        oldest = kt[whead[cls]]
+        p = min(max(_wl_get(lw, cls, fp), _CLAMP), 1.0 - _CLAMP)
+        ckf[cls] = oldest + fp[FP_P] * math.log(p / (1.0 - p))       # FP_P: tau
+        ckt[cls] = oldest
+        _hpush(cheap, 0, cpos, ckf, ckt, ip, IP_HEAP, cls)
+
+
+@_jit(nogil=True, inline="always")
+def _wl_set_estimate(lw, bint, kt, gends, cls, value, ip, fp):
+    eprev, enxt, ewhere, est, cpos = lw[0], lw[1], lw[2], lw[3], lw[8]
+    est[cls] = value
+    if ewhere[cls] >= 0:
+        _cut(eprev, enxt, ewhere, gends, cls)
+    _push(eprev, enxt, ewhere, gends, 1, cls)
+    if gends[1, 2] > ip[IP_ESTIMATE_LIMIT]:
+        dropped = _pop_head(eprev, enxt, ewhere, gends, 1)     # reads as the running mean again
+        if cpos[dropped] >= 0:
+            _wl_rekey(lw, bint, kt, dropped, ip, fp)
+
+
+@_jit(nogil=True, inline="always")
+def _wl_learn(lw, bint, kt, gends, cls, outcome, rekey, ip, fp):
+    rate = fp[FP_RATE]
+    estimate = _wl_get(lw, cls, fp)
+    _wl_set_estimate(lw, bint, kt, gends, cls, estimate + rate * (outcome - estimate), ip, fp)
+    fp[FP_MEAN] += rate * (outcome - fp[FP_MEAN])
+    if rekey and lw[8][cls] >= 0:
+        _wl_rekey(lw, bint, kt, cls, ip, fp)
+
+
+@_jit(nogil=True, inline="always")
+def _wl_wait(lw, bint, cls, b):
+    whead, wtail, wcount = lw[4], lw[5], lw[6]
+    tail = wtail[cls]
+    bint[b, B_KPREV] = tail
+    bint[b, B_KNEXT] = NONE
+    if tail == NONE:
+        whead[cls] = b
+    else:
+        bint[tail, B_KNEXT] = b
+    wtail[cls] = b
+    wcount[cls] += 1
+
+
+@_jit(nogil=True, inline="always")
+def _wl_unwait(lw, bint, cls, b):
+    whead, wtail, wcount = lw[4], lw[5], lw[6]
+    before = bint[b, B_KPREV]
+    after = bint[b, B_KNEXT]
+    if before == NONE:
+        whead[cls] = after
+    else:
+        bint[before, B_KNEXT] = after
+    if after == NONE:
+        wtail[cls] = before
+    else:
+        bint[after, B_KPREV] = before
+    wcount[cls] -= 1
+
+
 @_jit(nogil=True, inline="always")
 def _car_trim(gprev, gnxt, gwhere, gends, ends, ip):
     """CAR's ghost trim before a new hash enters T1."""
@@ -657,7 +739,7 @@ def _on_cached(kind, b, h, depth, parent, prev, nxt, where, ends, cursor, heap, 
     """``lr``: LRFU's (gint, lg, rel_leaf); ``ls``: LIRS's (sprev, snxt, swhere, sstat) (tuples: a call
     of over 30 arguments is one numba cannot inline)."""
     gint, lg, rel_leaf = lr
-    sprev, snxt, swhere, sstat = ls
+    sprev, snxt, swhere, sstat = ls[0], ls[1], ls[2], ls[3]
     if kind == FIFO:
         _push_candidate(prev, nxt, where, ends, cursor, 0, b)     # held until its release: no candidate yet
     elif kind == SLRU:
@@ -753,6 +835,18 @@ def _on_cached(kind, b, h, depth, parent, prev, nxt, where, ends, cursor, heap, 
         else:
             sstat[h] = HIR
             _lirs_to_top(sprev, snxt, swhere, gends, h)
+    elif kind == WORKLOAD:
+        lw = ls[5]
+        if parent < 0:
+            root = h
+        else:
+            p = block_of_id[parent]
+            root = jval[p] if p >= 0 else parent
+        jval[b] = root                                            # its class
+        _wl_set_estimate(lw, bint, kt, gends, root, _wl_get(lw, root, fp), ip, fp)
+        if gends[0, 2] and gwhere[h] == 0:                        # evicted, and needed again within the window
+            _cut(gprev, gnxt, gwhere, gends, h)
+            _wl_learn(lw, bint, kt, gends, lw[11][h], 1.0, True, ip, fp)
     elif kind == LECAR:
         ip[IP_TIME] += 1
         freq = 0
@@ -783,7 +877,7 @@ def _on_hit(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt,
             gwhere, gends, block_of_id, ip, fp):
     """A hit on ``b``, a candidate (between requests every cached block is one)."""
     gint, lg, rel_leaf = lr
-    sprev, snxt, swhere, sstat = ls
+    sprev, snxt, swhere, sstat = ls[0], ls[1], ls[2], ls[3]
     if kind == LRU:
         _cut(prev, nxt, where, ends, b)
     elif kind == SLRU:
@@ -858,6 +952,11 @@ def _on_hit(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt,
             _lirs_to_top(sprev, snxt, swhere, gends, h)           # stays HIR; rejoins Q's end when released
     elif kind == BELADY:
         _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+    elif kind == WORKLOAD:
+        lw = ls[5]
+        cls = jval[b]
+        _wl_unwait(lw, bint, cls, b)
+        _wl_learn(lw, bint, kt, gends, cls, 1.0, True, ip, fp)     # re-keys the class too
     elif kind == LECAR:
         _cut(prev, nxt, where, ends, b)
         _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
@@ -968,6 +1067,16 @@ def _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval
     elif kind == LIRS:
         q = 1 if sstat[h] == LIR else 0
         _push(prev, nxt, where, ends, q, b)
+    elif kind == WORKLOAD:
+        lw = ls[5]
+        cls = jval[b]
+        ticket = ip[IP_TICKET]
+        ip[IP_TICKET] += 1
+        ip[IP_NOW] = ticket
+        kt[b] = ticket
+        _wl_wait(lw, bint, cls, b)
+        if lw[6][cls] == 1:
+            _wl_rekey(lw, bint, kt, cls, ip, fp)
     elif kind == BELADY:
         fval[b] = -gflt[h]                                        # keyed (-next use, release ticket)
         kt[b] = ip[IP_TICKET]
@@ -992,6 +1101,33 @@ def _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval
 @_jit(nogil=True, inline="always")
 def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
            id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    if kind == WORKLOAD:
+        lw = ls[5]
+        gcls, gtick, touched = lw[11], lw[12], lw[13]
+        cls = lw[7][0]
+        b = lw[4][cls]
+        _wl_unwait(lw, bint, cls, b)
+        h = id_of_block[b]
+        _push(gprev, gnxt, gwhere, gends, 0, h)
+        gcls[h] = cls
+        gtick[h] = kt[b]
+        horizon = ip[IP_NOW] - fp[FP_WINDOW_TICKS]
+        n = 0
+        while gends[0, 2]:                  # forget (and count as not reused) what left the window
+            g = gends[0, 0]
+            if gtick[g] >= horizon and gends[0, 2] <= ip[IP_GHOST_SIZE]:
+                break
+            _pop_head(gprev, gnxt, gwhere, gends, 0)
+            c = gcls[g]
+            _wl_learn(lw, bint, kt, gends, c, 0.0, False, ip, fp)
+            if c != cls:
+                touched[n] = c
+                n += 1
+        _wl_rekey(lw, bint, kt, cls, ip, fp)
+        for i in range(n):                  # re-keying is idempotent: a class listed twice is no matter
+            if lw[8][touched[i]] >= 0:
+                _wl_rekey(lw, bint, kt, touched[i], ip, fp)
+        return b
     if kind == BELADY:
         b = heap[0]
         _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
@@ -1021,7 +1157,7 @@ def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, j
             return _wt_take(prev, nxt, where, ends, ival, ip, candidate)
         return _wt_take(prev, nxt, where, ends, ival, ip, ends[main, 0])
     if kind == LIRS:
-        sprev, snxt, swhere, sstat = ls
+        sprev, snxt, swhere, sstat = ls[0], ls[1], ls[2], ls[3]
         q = 0 if ends[0, 2] else 1
         b = _pop_head(prev, nxt, where, ends, q)
         h = id_of_block[b]
@@ -1224,13 +1360,13 @@ def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, j
 @_jit(nogil=True)
 def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends, gends,
                  prev, nxt, where, ival, jval, fval, kt, bint, bflt, heap, pos, gprev, gnxt, gwhere, gval, gflt,
-                 gint, lg, rel_leaf, sprev, snxt, swhere, sstat, mt, nu, hits, counters):
+                 gint, lg, rel_leaf, sprev, snxt, swhere, sstat, mt, nu, lw, hits, counters):
     """Replay every request (cache mode); ``hits[i]``: request ``i``'s leading hits (0 for one
     longer than the pool, which changes nothing); ``counters``: see ``C_*``. The policy state
     arrays come initialised from ``CompiledReplay``."""
     num_requests = offsets.shape[0] - 1
     lr = (gint, lg, rel_leaf)
-    ls = (sprev, snxt, swhere, sstat)
+    ls = (sprev, snxt, swhere, sstat, mt, lw)      # LIRS's arrays, LeCaR's state, workload's arrays
     blocks = prev.shape[0]      # the most blocks ever handed out (``CompiledReplay``): <= capacity
     # int32 where the counts fit (``fastreplay.run`` picks the links' width): the id -> block map
     # is read at random across the trace's distinct ids, so its width is cache misses

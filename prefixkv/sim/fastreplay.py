@@ -26,8 +26,8 @@ is admitted, as ``replay`` tells ``set_next_use``; LeCaR draws its expert with M
 ``random.Random(seed)``'s own state, so its draws are the class's. Where a class raises (LIRS with no
 LIR block at its stack's bottom, at capacity 1) the loop stops and ``run`` raises KeyError too.
 
-Still on the general path: ``workload`` and ``session`` (and any policy object or option this
-module does not know).
+Still on the general path: ``session`` (its hints and forecasts) and ``workload:by_depth=true``
+(classes of a root and a depth bucket), and any policy object.
 
 The loop itself is ``prefixkv.flat.replay_kernels`` (numba), imported only when a compiled replay
 runs: this module imports without numba (``replay`` asks ``prefixkv.flat.available()`` first).
@@ -46,7 +46,7 @@ from ..flat.replay_layout import (CAR, FP_DOWN, FP_GHOST, FP_HALF_LIFE, FP_MEDIA
                                   FP_RATE, FP_STEP, FP_UP, FP_WINDOW, IP_LEAF_PENALTY, IP_LIR_LIMIT, IP_MEMORY_CAP,
                                   IP_ERROR, IP_NONRESIDENT_LIMIT, IP_REL_HEAD, LIRS, LRFU)
 from ..flat.replay_layout import IP_SAMPLE, IP_WINDOW, WTINYLFU
-from ..flat.replay_layout import BELADY
+from ..flat.replay_layout import BELADY, FP_MEAN, FP_P, FP_WINDOW_TICKS, IP_ESTIMATE_LIMIT, WORKLOAD
 from ..flat.replay_layout import FP_DISCOUNT, FP_LEARNING_RATE, FP_W_LFU, FP_W_LRU, IP_LC_PUSHED, LECAR
 
 
@@ -66,6 +66,7 @@ def policy_kind(policy) -> tuple[int, dict] | None:
     from ..policies.lirs import LIRSPolicy
     from ..policies.lecar import LeCaRPolicy
     from ..policies.lrfu import LRFUPolicy
+    from ..policies.workload import WorkloadPolicy
     from ..policies.wtinylfu import WTinyLFUPolicy
     from ..policies.gdsf import GDSFPolicy
     from ..policies.leaf_lru import LeafLRUPolicy
@@ -78,9 +79,11 @@ def policy_kind(policy) -> tuple[int, dict] | None:
                LFU: LFUPolicy, CLOCK: ClockPolicy, SIEVE: SievePolicy, TWOQ: TwoQPolicy, MQ: MQPolicy,
                LEAF_LRU: LeafLRUPolicy, GDSF: GDSFPolicy, CAR: CARPolicy, LRFU: LRFUPolicy,
                LIRS: LIRSPolicy, WTINYLFU: WTinyLFUPolicy, LECAR: LeCaRPolicy,
-               BELADY: BeladyPolicy}
+               BELADY: BeladyPolicy, WORKLOAD: WorkloadPolicy}
     kind = COMPILED[policy.partition(":")[0].strip()]
     if type(obj) is not classes[kind]:      # a subclass registered in its place would change the rules
+        return None
+    if kind == WORKLOAD and obj.by_depth:   # classes (root, depth bucket): general path
         return None
     return kind, dict(vars(obj))
 
@@ -98,6 +101,13 @@ def _parameters(kind: int, options: dict, capacity: int, block_size: int, ip: np
         ip[IP_MAXFREQ] = options["max_freq"]
     elif kind in (ARC, CAR):
         ip[IP_CAPACITY] = capacity
+    elif kind == WORKLOAD:
+        fp[FP_RATE] = options["rate"]
+        fp[FP_MEAN] = options["mean"]                                     # the prior
+        fp[FP_P] = options["horizon"] * capacity                          # tau
+        fp[FP_WINDOW_TICKS] = options["window"] * capacity
+        ip[IP_GHOST_SIZE] = 4 * capacity
+        ip[IP_ESTIMATE_LIMIT] = 64 * capacity
     elif kind == LECAR:
         c = max(1, capacity)
         ip[IP_CAPACITY] = c                                                 # each history's limit
@@ -165,13 +175,13 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
     nxt = np.full(blocks, NONE, links)
     where = np.full(blocks, -1, np.int8)
     ival = np.zeros(blocks, np.int64)
-    jval = np.full(blocks if kind in (MQ, LEAF_LRU, GDSF, LRFU) else 1, NONE, np.int64)
+    jval = np.full(blocks if kind in (MQ, LEAF_LRU, GDSF, LRFU, WORKLOAD) else 1, NONE, np.int64)
     fval = np.zeros(blocks, np.float64)
     kt = np.zeros(blocks, np.int64)
     heaps = {LFU: blocks, GDSF: blocks, LRFU: blocks, LECAR: blocks, BELADY: blocks, LEAF_LRU: 2 * blocks}.get(kind, 0)    # leaf-LRU: leaves, then inner
     heap = np.zeros(max(1, heaps), np.int64)
     pos = np.full(blocks if heaps else 1, -1, np.int64)
-    bint = np.full((blocks if kind == GDSF else 1, 4), NONE, np.int64)
+    bint = np.full((blocks if kind in (GDSF, WORKLOAD) else 1, 4), NONE, np.int64)
     bint[:, B_DEPTH] = 0
     bflt = np.zeros((blocks if kind in (GDSF, LRFU) else 1, 2), np.float64)
     ghosts = arrays.num_ids if kind in GHOSTS else 0
@@ -201,6 +211,12 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
         mt = np.array(random.Random(options["seed"]).getstate()[1], np.int64)
     else:
         mt = np.zeros(625, np.int64)
+    # workload: see replay_kernels (estimates, candidates per class, the classes' heap, ghosts' values)
+    k = arrays.num_ids if kind == WORKLOAD else 1
+    lw = (np.full(k, NONE, np.int64), np.full(k, NONE, np.int64), np.full(k, -1, np.int8), np.zeros(k, np.float64),
+          np.full(k, NONE, np.int64), np.full(k, NONE, np.int64), np.zeros(k, np.int64), np.zeros(k, np.int64),
+          np.full(k, -1, np.int64), np.zeros(k, np.float64), np.zeros(k, np.int64), np.zeros(k, np.int64),
+          np.zeros(k, np.int64), np.zeros(k + 1, np.int64))
     hits = np.zeros(num_requests, np.int64)
     counters = np.zeros(8, np.int64)
     from ..flat.replay_kernels import belady_next_uses, lrfu_rescale, replay_cache
@@ -214,7 +230,7 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
 
     replay_cache(kind, arrays.offsets, arrays.ids, arrays.total_blocks, capacity, warm, ip, fp, ends, gends,
                  prev, nxt, where, ival, jval, fval, kt, bint, bflt, heap, pos, gprev, gnxt, gwhere, gval, gflt,
-                 gint, lg, rel_leaf, sprev, snxt, swhere, sstat, mt, nu, hits, counters)
+                 gint, lg, rel_leaf, sprev, snxt, swhere, sstat, mt, nu, lw, hits, counters)
     if ip[IP_ERROR]:        # where the Python class raises (LIRS with no LIR block at S's bottom)
         raise KeyError(f"block id {ip[IP_ERROR] - 1} (dense) is not resident: the policy's own replay fails here too")
     return hits, counters

@@ -35,7 +35,7 @@ SPECS = ["lru", "fifo", "slru", "s3fifo", "arc", "lfu",
          "wtinylfu", "wtinylfu:window_fraction=0.3:protected_fraction=0.5:sample_ratio=0.5",
          "wtinylfu:protected_fraction=0:sample_ratio=0.1", "wtinylfu:window_fraction=0.9:protected_fraction=1",
          "lecar", "lecar:seed=7", "lecar:learning_rate=2:discount=0.5:seed=3", "lecar:learning_rate=0:discount=1",
-         "belady"]
+         "belady", "workload", "workload:rate=0.5:prior=0.1:horizon=2:window=0.5", "workload:horizon=0.01:window=5"]
 
 
 def both(trace, policy, capacity, **kwargs):
@@ -116,10 +116,11 @@ def test_auto_runs_the_compiled_loop_where_it_can():
     assert replay(trace, "slru:protected_size=1", 4).engine == "compiled"
     # not compiled: a policy object, another policy, concurrent mode, a host tier
     assert replay(trace, LRUPolicy(), 4).engine == "general"
-    assert replay(trace, "workload", 4).engine == "general"
+    assert replay(trace, "session", 4).engine == "general"
+    assert replay(trace, "workload:by_depth=true", 4).engine == "general"
     assert replay(trace, "lru", 4, mode="concurrent").engine == "general"
     assert replay(trace, "lru", 4, host_capacity=4).engine == "general"
-    for policy, kwargs in ((LRUPolicy(), {}), ("workload", {}), ("lru", {"mode": "concurrent"}), ("lru", {"host_capacity": 4})):
+    for policy, kwargs in ((LRUPolicy(), {}), ("session", {}), ("workload:by_depth=true", {}), ("lru", {"mode": "concurrent"}), ("lru", {"host_capacity": 4})):
         with pytest.raises(ValueError, match="compiled replay cannot run"):
             replay(trace, policy, 4, engine="compiled", **kwargs)
     with pytest.raises(InvalidArgument, match="engine"):

@@ -73,6 +73,9 @@ PINNED = {
     ("weka-kv-cache-tester-more", 16114, "lecar"): (2202427, 140955328, 3361225, 3377339, 2801016),
     ("conversation_trace.jsonl", 9140, "belady"): (105710, 54098411, 173650, 182790, 138646),
     ("weka-kv-cache-tester-more", 16114, "belady"): (2906802, 186035328, 2671208, 2687322, 1905178),
+    ("conversation_trace.jsonl", 9140, "workload"): (56483, 28902725, 222877, 232017, 202554),
+    ("synthetic_trace.jsonl", 2196, "workload"): (18449, 9437187, 101232, 103428, 93490),
+    ("weka-kv-cache-tester-more", 16114, "workload"): (2287805, 146419520, 3290205, 3306319, 2700102),
 }
 # The manager's replay of these cells takes 12-35 s each: the compiled loop alone checks them
 # (lru runs on both, and the lockstep tests compare the two paths).
