@@ -411,7 +411,7 @@ def _replay_compiled(trace, arrays, policy: str, plan, capacity: int, warmup: fl
     kind, options = plan
     n = arrays.num_requests
     warm = int(n * warmup)
-    hits, counters = fr.run(arrays, kind, options, capacity, warm)
+    hits, counters = fr.run(arrays, kind, options, capacity, warm, trace.block_size)
     result = ReplayResult(policy=policy, capacity=capacity, mode="cache", block_size=trace.block_size)
     result.warmup_requests = warm
     size = trace.block_size

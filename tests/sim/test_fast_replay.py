@@ -24,17 +24,39 @@ from prefixkv.sim.traces import TraceRequest as Req  # noqa: E402
 # every compiled policy, and options that change its parameters
 SPECS = ["lru", "fifo", "slru", "s3fifo", "arc", "lfu",
          "slru:protected_size=2", "slru:protected_fraction=0.9", "s3fifo:move_threshold=2:max_freq=2",
-         "s3fifo:small_fraction=0.5", "lfu:half_life=3"]
+         "s3fifo:small_fraction=0.5", "lfu:half_life=3",
+         "clock", "sieve", "2q", "mq", "clock:counter_bits=2", "clock:counter_bits=2:init_freq=1",
+         "2q:in_fraction=0.5:out_fraction=0.1", "2q:out_fraction=0", "2q:in_fraction=0:out_fraction=2",
+         "mq:n_queues=3:lifetime=4", "mq:lifetime=1:ghost_ratio=0", "mq:n_queues=1", "mq:n_queues=12:lifetime=2:ghost_ratio=0.5",
+         "leaf-lru", "gdsf", "gdsf:orphan_factor=0.5", "gdsf:inherit=false:depth_cost=0.25", "gdsf:depth_cost=0:orphan_factor=1",
+         "car", "lrfu", "lrfu:half_life=0.01:ghost=0:step=0.5:memory=0.5", "lrfu:leaf_penalty=false:window=0.01:rate=1",
+         "lrfu:reuse_distance=3:step=0", "lrfu:ghost=3:rate=0.5:half_life=0.2",
+         "lirs", "lirs:hir_fraction=0.5:nonresident_ratio=0.5", "lirs:nonresident_ratio=0", "lirs:hir_fraction=0:nonresident_ratio=5",
+         "wtinylfu", "wtinylfu:window_fraction=0.3:protected_fraction=0.5:sample_ratio=0.5",
+         "wtinylfu:protected_fraction=0:sample_ratio=0.1", "wtinylfu:window_fraction=0.9:protected_fraction=1",
+         "lecar", "lecar:seed=7", "lecar:learning_rate=2:discount=0.5:seed=3", "lecar:learning_rate=0:discount=1",
+         "belady", "workload", "workload:rate=0.5:prior=0.1:horizon=2:window=0.5", "workload:horizon=0.01:window=5"]
 
 
 def both(trace, policy, capacity, **kwargs):
+    try:
+        general = replay(trace, policy, capacity, engine="general", **kwargs)
+    except KeyError:
+        # LIRSPolicy raises KeyError where S's bottom is no resident block (at capacity 1, with no
+        # LIR block to demote): the compiled loop raises it at the same replay
+        if not policy.startswith("lirs"):
+            raise
+        with pytest.raises(KeyError):
+            replay(trace, policy, capacity, engine="compiled", **kwargs)
+        return None, None
     compiled = replay(trace, policy, capacity, engine="compiled", **kwargs)
-    general = replay(trace, policy, capacity, engine="general", **kwargs)
     assert compiled.engine == "compiled" and general.engine == "general"
     return compiled, general
 
 
 def assert_same(compiled, general):
+    if compiled is None and general is None:      # both raised
+        return
     assert compiled.as_dict() == general.as_dict()
     assert compiled == general
 
@@ -94,10 +116,11 @@ def test_auto_runs_the_compiled_loop_where_it_can():
     assert replay(trace, "slru:protected_size=1", 4).engine == "compiled"
     # not compiled: a policy object, another policy, concurrent mode, a host tier
     assert replay(trace, LRUPolicy(), 4).engine == "general"
-    assert replay(trace, "gdsf", 4).engine == "general"
+    assert replay(trace, "session", 4).engine == "general"
+    assert replay(trace, "workload:by_depth=true", 4).engine == "general"
     assert replay(trace, "lru", 4, mode="concurrent").engine == "general"
     assert replay(trace, "lru", 4, host_capacity=4).engine == "general"
-    for policy, kwargs in ((LRUPolicy(), {}), ("gdsf", {}), ("lru", {"mode": "concurrent"}), ("lru", {"host_capacity": 4})):
+    for policy, kwargs in ((LRUPolicy(), {}), ("session", {}), ("workload:by_depth=true", {}), ("lru", {"mode": "concurrent"}), ("lru", {"host_capacity": 4})):
         with pytest.raises(ValueError, match="compiled replay cannot run"):
             replay(trace, policy, 4, engine="compiled", **kwargs)
     with pytest.raises(InvalidArgument, match="engine"):
