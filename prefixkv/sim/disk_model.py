@@ -24,6 +24,7 @@ from numbers import Integral
 from typing import Hashable, Sequence
 
 from ..errors import InvalidArgument
+from .remote_model import RemoteModel
 
 DISK_MODES = ("write-through", "exclusive")
 
@@ -44,15 +45,7 @@ class DiskModel:
         self.written = 0          # blocks written (write-through: new ones; exclusive: demoted ones)
         self.evictions = 0
 
-    def leading(self, hashes: Sequence[Hashable], start: int) -> int:
-        """How many of ``hashes[start:]`` the disk holds, consecutively."""
-        blocks = self._blocks
-        n = 0
-        for h in hashes[start:]:
-            if h not in blocks:
-                break
-            n += 1
-        return n
+    leading = RemoteModel.leading      # how many of hashes[start:] it holds, consecutively
 
     def read(self, hashes: Sequence[Hashable]) -> None:
         """``hashes`` were staged in the host tier: a use (write-through), or gone up (exclusive)."""

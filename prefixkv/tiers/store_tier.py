@@ -35,6 +35,7 @@ Threads: one caller thread (the engine's); the store has its own writer thread.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 
 from ..checks import integer, seconds
 from ..errors import InvalidArgument
@@ -72,7 +73,7 @@ def _check_manager(manager, kv, what: str) -> None:
                                     "kv.allocate_host(num_host_blocks)")
 
 
-class StoreTier:
+class StoreTier(ABC):
     """A block store below ``manager``'s host tier, staging through ``kv.host`` (see the module docs)."""
 
     name = "STORE"
@@ -92,8 +93,9 @@ class StoreTier:
         self.last_staged = None                # (chain, start, payloads, contents) of the last prefetch
 
     # -- what a subclass says ----------------------------------------------------------
+    @abstractmethod
     def _open_store(self, fingerprint):
-        raise NotImplementedError
+        """The block store for ``fingerprint`` (the subclass's: a disk directory, a Redis URL)."""
 
     def _where(self) -> dict:
         return {}
