@@ -42,10 +42,18 @@ def test_fleet_example_runs_as_copied():
 
 
 def test_wait_ready_names_a_worker_that_never_beats():
-    mgr_free = KVEventPublisher("w1", block_size=16, hash_seed=0, heartbeat_interval_s=30.0)
+    # A publisher beats once as its thread starts; on a slow machine that beat can reach a router
+    # that connected first, so the worker that never beats is a heartbeat socket nothing writes to.
+    import zmq
+
+    pub = KVEventPublisher("w1", block_size=16, hash_seed=0, heartbeat_interval_s=30.0)
+    ctx = zmq.Context.instance()
+    silent = ctx.socket(zmq.PUB)
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.bind("tcp://127.0.0.1:*")
     router = FleetRouter("kv-aware+guard", block_size=16, hash_seed=0)
     try:
-        router.connect("w1", mgr_free.endpoints)
+        router.connect("w1", {**pub.endpoints, "heartbeat": silent.getsockopt_string(zmq.LAST_ENDPOINT)})
         with pytest.raises(TimeoutError, match=r"after 0.2 s: worker 'w1': no heartbeat yet"):
             router.wait_ready(timeout_s=0.2)
         with pytest.raises(InvalidArgument, match="not connected: 'w9'"):
@@ -54,4 +62,5 @@ def test_wait_ready_names_a_worker_that_never_beats():
             router.wait_ready(timeout_s=0)
     finally:
         router.close()
-        mgr_free.close()
+        silent.close(0)
+        pub.close()
