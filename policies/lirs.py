@@ -88,6 +88,10 @@ class LIRSPolicy(PolicyBase):
 
     def _demote_bottom_lir(self) -> None:
         """S's bottom LIR block becomes HIR, to Q's end; then S is pruned."""
+        # Pruned first: S's bottom is LIR whenever S holds a LIR block, except after a time with no
+        # LIR block at all (at capacity 1 the LIR set is empty; elsewhere blocks in use can force
+        # every LIR block out), when hashes pushed meanwhile lie below the next LIR one.
+        self._prune()
         stack = self._stack
         bottom = next(iter(stack))
         del stack[bottom]

@@ -8,14 +8,17 @@ more than the step it makes.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import types
+from pathlib import Path
 
 import numpy as np
 
 from .replay_layout import BELADY, FP_MEAN, FP_WINDOW_TICKS, IP_ESTIMATE_LIMIT, WORKLOAD
 from .replay_layout import FP_DISCOUNT, FP_LEARNING_RATE, FP_W_LFU, FP_W_LRU, IP_LC_PUSHED, IP_TIME, LECAR
 from .replay_layout import IP_COUNTED, IP_SAMPLE, IP_SIZE0, WTINYLFU
-from .replay_layout import (HIR, IP_ERROR, IP_LIR_LIMIT, IP_NONRESIDENT_LIMIT, IP_NUM_LIR, LIR, LIRS, NONRESIDENT)
+from .replay_layout import (HIR, IP_LIR_LIMIT, IP_NONRESIDENT_LIMIT, IP_NUM_LIR, LIR, LIRS, NONRESIDENT)
 from .replay_layout import (CAR, FP_DOWN, FP_GHOST, FP_HALF_LIFE, FP_HIGH, FP_INV_H, FP_LOW, FP_MEDIAN, FP_MEMORY,
                               FP_P_INNER, FP_P_LEAF, FP_RATE, FP_STEP, FP_TAU, FP_UP, FP_WINDOW, G_LAST, G_OPEN,
                               IP_ACC_HEAD, IP_ACC_TAIL, IP_LEAF_PENALTY, IP_MEMORY, IP_MEMORY_CAP, IP_NOW,
@@ -28,6 +31,7 @@ from .replay_layout import (ARC, C_CACHED, C_CACHED_W, C_EVICTIONS, C_EVICTIONS_
                               IP_NUM_PROTECTED, IP_PENDING, IP_PUSHED, IP_PUSHED_VALUE, IP_QUEUES, IP_SIZE1,
                               IP_SIZE2, IP_SMALL_TARGET, IP_TICKET, IP_VTIME, LFU, LRU, MQ, NONE, S3FIFO, SIEVE,
                               SLRU, TWOQ, UNSET)
+from . import replay_layout
 from .kernels import _jit
 
 
@@ -461,17 +465,15 @@ def _lirs_prune(sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends):
 @_jit(nogil=True, inline="always")
 def _lirs_demote_bottom(prev, nxt, where, ends, sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends,
                         block_of_id, ip):
-    """S's bottom LIR block becomes HIR, to Q's end; then S is pruned."""
+    """S's bottom LIR block becomes HIR, to Q's end; then S is pruned. Pruned first too, as
+    ``LIRSPolicy._demote_bottom_lir`` says why."""
+    _lirs_prune(sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends)
     bottom = gends[1, 0]
     _cut(sprev, snxt, swhere, gends, bottom)
     sstat[bottom] = HIR
     ip[IP_NUM_LIR] -= 1
     b = block_of_id[bottom]
-    if b < 0 and not ip[IP_ERROR]:
-        # S's bottom is no resident block: the Python class fails here (a KeyError, with no LIR
-        # block left to demote, as at capacity 1); the replay stops and ``fastreplay.run`` raises it
-        ip[IP_ERROR] = bottom + 1
-    if b >= 0 and where[b] == 1:
+    if where[b] == 1:
         _cut(prev, nxt, where, ends, b)
         _push(prev, nxt, where, ends, 0, b)
     _lirs_prune(sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends)
@@ -733,241 +735,390 @@ def _lfu_epoch(ip):
     return epoch
 
 
+# -- the events, one function per policy kind (``EVENTS``), each with every state array it may
+# need: inlined, unused arguments cost nothing. ``lr``: LRFU's (gint, lg, rel_leaf); ``ls``: LIRS's
+# (sprev, snxt, swhere, sstat), LeCaR's MT state and workload's arrays (tuples: a call of over 30
+# arguments is one numba cannot inline).
+#
+# cached: block ``b`` now holds id ``h`` (its ``depth`` in the request, its ``parent`` id).
 @_jit(nogil=True, inline="always")
-def _on_cached(kind, b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint,
-               bflt, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
-    """``lr``: LRFU's (gint, lg, rel_leaf); ``ls``: LIRS's (sprev, snxt, swhere, sstat) (tuples: a call
-    of over 30 arguments is one numba cannot inline)."""
-    gint, lg, rel_leaf = lr
-    sprev, snxt, swhere, sstat = ls[0], ls[1], ls[2], ls[3]
-    if kind == FIFO:
-        _push_candidate(prev, nxt, where, ends, cursor, 0, b)     # held until its release: no candidate yet
-    elif kind == SLRU:
-        ival[b] = 0                                               # on probation
-    elif kind == S3FIFO:
-        q = 0
-        if gwhere[h] >= 0:                                        # back from the ghost queue: to main
-            _cut(gprev, gnxt, gwhere, gends, h)
-            q = 1
-        _push_candidate(prev, nxt, where, ends, cursor, q, b)
-        ival[b] = 0                                               # frequency
-    elif kind == ARC:
-        which = 1
-        g = gwhere[h]
-        if g == 1:
-            fp[FP_P] = min(float(ip[IP_CAPACITY]), fp[FP_P] + max(gends[2, 2] / gends[1, 2], 1.0))
-            _cut(gprev, gnxt, gwhere, gends, h)
-            which = 2
-        elif g == 2:
-            fp[FP_P] = max(0.0, fp[FP_P] - max(gends[1, 2] / gends[2, 2], 1.0))
-            _cut(gprev, gnxt, gwhere, gends, h)
-            which = 2
-        ival[b] = which
-        if which == 1:
-            ip[IP_SIZE1] += 1
-        else:
-            ip[IP_SIZE2] += 1
-        _arc_trim(gprev, gnxt, gwhere, gends, ip)
-    elif kind == LFU:
-        ival[b] = _lfu_epoch(ip)
-        fval[b] = 1.0
-    elif kind == CLOCK:
-        _push(prev, nxt, where, ends, 0, b)                       # held in place until released
-        ival[b] = ip[IP_INIT_FREQ]
-    elif kind == SIEVE:
+def _fifo_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                 block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    _push_candidate(prev, nxt, where, ends, cursor, 0, b)     # held until its release: no candidate yet
+
+
+@_jit(nogil=True, inline="always")
+def _slru_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                 block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    ival[b] = 0                                               # on probation
+
+
+@_jit(nogil=True, inline="always")
+def _s3fifo_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                   block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    q = 0
+    if gwhere[h] >= 0:                                        # back from the ghost queue: to main
+        _cut(gprev, gnxt, gwhere, gends, h)
+        q = 1
+    _push_candidate(prev, nxt, where, ends, cursor, q, b)
+    ival[b] = 0                                               # frequency
+
+
+@_jit(nogil=True, inline="always")
+def _arc_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    which = 1
+    g = gwhere[h]
+    if g == 1:
+        fp[FP_P] = min(float(ip[IP_CAPACITY]), fp[FP_P] + max(gends[2, 2] / gends[1, 2], 1.0))
+        _cut(gprev, gnxt, gwhere, gends, h)
+        which = 2
+    elif g == 2:
+        fp[FP_P] = max(0.0, fp[FP_P] - max(gends[1, 2] / gends[2, 2], 1.0))
+        _cut(gprev, gnxt, gwhere, gends, h)
+        which = 2
+    ival[b] = which
+    if which == 1:
+        ip[IP_SIZE1] += 1
+    else:
+        ip[IP_SIZE2] += 1
+    _arc_trim(gprev, gnxt, gwhere, gends, ip)
+
+
+@_jit(nogil=True, inline="always")
+def _lfu_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    ival[b] = _lfu_epoch(ip)
+    fval[b] = 1.0
+
+
+@_jit(nogil=True, inline="always")
+def _clock_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                  block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    _push(prev, nxt, where, ends, 0, b)                       # held in place until released
+    ival[b] = ip[IP_INIT_FREQ]
+
+
+@_jit(nogil=True, inline="always")
+def _sieve_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                  block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    _push(prev, nxt, where, ends, 0, b)
+    ival[b] = 0                                               # unvisited
+
+
+@_jit(nogil=True, inline="always")
+def _twoq_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                 block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    if _bounded_ghost_take(gprev, gnxt, gwhere, gends, gval, 0, h, ip) >= 0:
+        ival[b] = 1                                           # back from A1out: Am
+    else:
+        ival[b] = 0                                           # A1in, held in place
         _push(prev, nxt, where, ends, 0, b)
-        ival[b] = 0                                               # unvisited
-    elif kind == TWOQ:
-        if _bounded_ghost_take(gprev, gnxt, gwhere, gends, gval, 0, h, ip) >= 0:
-            ival[b] = 1                                           # back from A1out: Am
-        else:
-            ival[b] = 0                                           # A1in, held in place
-            _push(prev, nxt, where, ends, 0, b)
-    elif kind == MQ:
-        freq = _bounded_ghost_take(gprev, gnxt, gwhere, gends, gval, 0, h, ip)
-        _mq_access(b, (freq if freq > 0 else 0) + 1, ival, jval, kt, ip)
-    elif kind == LEAF_LRU:
-        jval[b] = parent                                          # gval: cached blocks naming an id as parent
-        if parent >= 0:
-            n = gval[parent]
-            gval[parent] = n + 1
-            if n == 0:                                            # the parent stops being a leaf
-                p = block_of_id[parent]
-                if p >= 0 and where[p] == 0:
-                    _leaf_move(heap, pos, where, fval, kt, ip, p, 1)
-    elif kind == GDSF:
-        ival[b] = 1                                               # accesses
-        bint[b, B_DEPTH] = depth
-        bint[b, B_PARENT] = parent
-    elif kind == CAR:
-        ival[b] = 0                                               # unreferenced
-        g = gwhere[h]
-        c = ip[IP_CAPACITY]
-        if g == 1:
-            fp[FP_P] = min(fp[FP_P] + max(1.0, gends[2, 2] / gends[1, 2]), float(c))
-            _cut(gprev, gnxt, gwhere, gends, h)
-            which = 2
-        elif g == 2:
-            fp[FP_P] = max(fp[FP_P] - max(1.0, gends[1, 2] / gends[2, 2]), 0.0)
-            _cut(gprev, gnxt, gwhere, gends, h)
-            which = 2
-        else:
-            _car_trim(gprev, gnxt, gwhere, gends, ends, ip)
-            which = 1
-        _push(prev, nxt, where, ends, which, b)                   # held in place until released
-    elif kind == LRFU:
-        jval[b] = parent                                          # gval: cached blocks under an id
-        if parent >= 0:
-            gval[parent] += 1
-        ghost = gwhere[h] == 0
-        if ghost:
-            _cut(gprev, gnxt, gwhere, gends, h)
-        bflt[b, BF_BASE] = _lrfu_bump(gflt[h], fp[FP_TAU], not ghost)
-        _lrfu_accessed(h, gint, lg, rel_leaf, ip, fp)
-    elif kind == LIRS:
-        if sstat[h] == NONRESIDENT:                               # its reuse distance beats the bottom LIR's
-            _cut(gprev, gnxt, gwhere, gends, h)
-            _lirs_make_lir(prev, nxt, where, ends, sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends,
-                           block_of_id, ip, h)
-        elif ip[IP_NUM_LIR] < ip[IP_LIR_LIMIT]:
-            _lirs_make_lir(prev, nxt, where, ends, sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends,
-                           block_of_id, ip, h)
-        else:
-            sstat[h] = HIR
-            _lirs_to_top(sprev, snxt, swhere, gends, h)
-    elif kind == WORKLOAD:
-        lw = ls[5]
-        if parent < 0:
-            root = h
-        else:
-            p = block_of_id[parent]
-            root = jval[p] if p >= 0 else parent
-        jval[b] = root                                            # its class
-        _wl_set_estimate(lw, bint, kt, gends, root, _wl_get(lw, root, fp), ip, fp)
-        if gends[0, 2] and gwhere[h] == 0:                        # evicted, and needed again within the window
-            _cut(gprev, gnxt, gwhere, gends, h)
-            _wl_learn(lw, bint, kt, gends, lw[11][h], 1.0, True, ip, fp)
-    elif kind == LECAR:
-        ip[IP_TIME] += 1
-        freq = 0
-        for expert in range(2):         # a returning hash rewards the expert that did not evict it
-            if _lc_take(gprev, gnxt, gwhere, gends, gval, gint, expert, h, ip):
-                slot = IP_LC_PUSHED + 3 * expert
-                reward = math.exp(fp[FP_LEARNING_RATE] * fp[FP_DISCOUNT] ** float(ip[IP_TIME] - ip[slot + 1]))
-                if expert == 0:
-                    fp[FP_W_LFU] *= reward
-                else:
-                    fp[FP_W_LRU] *= reward
-                total = fp[FP_W_LRU] + fp[FP_W_LFU]
-                fp[FP_W_LRU] /= total
-                fp[FP_W_LFU] /= total
-                freq = ip[slot + 2]
-                break
-        ival[b] = freq + 1
-    elif kind == WTINYLFU:
-        _wt_count(h, gval, gint, ip)
-        ival[b] = 0
-        ip[IP_SIZE0] += 1
-        if ip[IP_SIZE0] > ip[IP_WINDOW]:
-            _wt_spill(prev, nxt, where, ends, ival, ip)
 
 
 @_jit(nogil=True, inline="always")
-def _on_hit(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
-            gwhere, gends, block_of_id, ip, fp):
-    """A hit on ``b``, a candidate (between requests every cached block is one)."""
+def _mq_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+               block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    freq = _bounded_ghost_take(gprev, gnxt, gwhere, gends, gval, 0, h, ip)
+    _mq_access(b, (freq if freq > 0 else 0) + 1, ival, jval, kt, ip)
+
+
+@_jit(nogil=True, inline="always")
+def _leaf_lru_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                     block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    jval[b] = parent                                          # gval: cached blocks naming an id as parent
+    if parent >= 0:
+        n = gval[parent]
+        gval[parent] = n + 1
+        if n == 0:                                            # the parent stops being a leaf
+            p = block_of_id[parent]
+            if p >= 0 and where[p] == 0:
+                _leaf_move(heap, pos, where, fval, kt, ip, p, 1)
+
+
+@_jit(nogil=True, inline="always")
+def _gdsf_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                 block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    ival[b] = 1                                               # accesses
+    bint[b, B_DEPTH] = depth
+    bint[b, B_PARENT] = parent
+
+
+@_jit(nogil=True, inline="always")
+def _car_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    ival[b] = 0                                               # unreferenced
+    g = gwhere[h]
+    c = ip[IP_CAPACITY]
+    if g == 1:
+        fp[FP_P] = min(fp[FP_P] + max(1.0, gends[2, 2] / gends[1, 2]), float(c))
+        _cut(gprev, gnxt, gwhere, gends, h)
+        which = 2
+    elif g == 2:
+        fp[FP_P] = max(fp[FP_P] - max(1.0, gends[1, 2] / gends[2, 2]), 0.0)
+        _cut(gprev, gnxt, gwhere, gends, h)
+        which = 2
+    else:
+        _car_trim(gprev, gnxt, gwhere, gends, ends, ip)
+        which = 1
+    _push(prev, nxt, where, ends, which, b)                   # held in place until released
+
+
+@_jit(nogil=True, inline="always")
+def _lrfu_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                 block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
     gint, lg, rel_leaf = lr
-    sprev, snxt, swhere, sstat = ls[0], ls[1], ls[2], ls[3]
-    if kind == LRU:
-        _cut(prev, nxt, where, ends, b)
-    elif kind == SLRU:
-        _cut(prev, nxt, where, ends, b)
-        if not ival[b]:
-            ival[b] = 1
-            ip[IP_NUM_PROTECTED] += 1
-            _slru_demote_overflow(prev, nxt, where, ends, ival, ip)
-    elif kind == S3FIFO:
-        if ival[b] < ip[IP_MAXFREQ]:
-            ival[b] += 1
-    elif kind == ARC:
-        _cut(prev, nxt, where, ends, b)
-        if ival[b] == 1:
-            ival[b] = 2
-            ip[IP_SIZE1] -= 1
-            ip[IP_SIZE2] += 1
-    elif kind == LFU:
-        _heap_remove(heap, pos, ival, fval, kt, ip, b)
-        k = _lfu_epoch(ip)
-        e = ival[b]
-        w = fval[b]
-        top = e if e > k else k
-        w = math.ldexp(w, e - top) + math.ldexp(1.0, k - top)
-        if w >= 2.0:
-            w *= 0.5
-            top += 1
-        ival[b] = top
-        fval[b] = w
-    elif kind == CLOCK:
-        if ival[b] < ip[IP_MAXFREQ]:
-            ival[b] += 1
-    elif kind == SIEVE:
-        ival[b] = 1                                               # visited
-    elif kind == TWOQ:
-        if ival[b]:                                               # Am: out of the LRU order; A1in: held in place
-            _cut(prev, nxt, where, ends, b)
-    elif kind == MQ:
-        _cut(prev, nxt, where, ends, b)
-        _mq_access(b, ival[b] + 1, ival, jval, kt, ip)
-    elif kind == LEAF_LRU:
-        if where[b] == 0:
-            _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-        else:
-            _hremove(heap, pos.shape[0], pos, fval, kt, ip, IP_HEAP2, b)
-        where[b] = -1
-    elif kind == GDSF:
-        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-        if jval[b] != NONE:
-            _kid_remove(bint, gval, jval, b)
+    jval[b] = parent                                          # gval: cached blocks under an id
+    if parent >= 0:
+        gval[parent] += 1
+    ghost = gwhere[h] == 0
+    if ghost:
+        _cut(gprev, gnxt, gwhere, gends, h)
+    bflt[b, BF_BASE] = _lrfu_bump(gflt[h], fp[FP_TAU], not ghost)
+    _lrfu_accessed(h, gint, lg, rel_leaf, ip, fp)
+
+
+@_jit(nogil=True, inline="always")
+def _lirs_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                 block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    sprev, snxt, swhere, sstat = (ls[0], ls[1], ls[2], ls[3])
+    if sstat[h] == NONRESIDENT:                               # its reuse distance beats the bottom LIR's
+        _cut(gprev, gnxt, gwhere, gends, h)
+        _lirs_make_lir(prev, nxt, where, ends, sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends,
+                       block_of_id, ip, h)
+    elif ip[IP_NUM_LIR] < ip[IP_LIR_LIMIT]:
+        _lirs_make_lir(prev, nxt, where, ends, sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends,
+                       block_of_id, ip, h)
+    else:
+        sstat[h] = HIR
+        _lirs_to_top(sprev, snxt, swhere, gends, h)
+
+
+@_jit(nogil=True, inline="always")
+def _wtinylfu_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                     block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    gint = lr[0]
+    _wt_count(h, gval, gint, ip)
+    ival[b] = 0
+    ip[IP_SIZE0] += 1
+    if ip[IP_SIZE0] > ip[IP_WINDOW]:
+        _wt_spill(prev, nxt, where, ends, ival, ip)
+
+
+@_jit(nogil=True, inline="always")
+def _lecar_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                  block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    gint = lr[0]
+    ip[IP_TIME] += 1
+    freq = 0
+    for expert in range(2):         # a returning hash rewards the expert that did not evict it
+        if _lc_take(gprev, gnxt, gwhere, gends, gval, gint, expert, h, ip):
+            slot = IP_LC_PUSHED + 3 * expert
+            reward = math.exp(fp[FP_LEARNING_RATE] * fp[FP_DISCOUNT] ** float(ip[IP_TIME] - ip[slot + 1]))
+            if expert == 0:
+                fp[FP_W_LFU] *= reward
+            else:
+                fp[FP_W_LRU] *= reward
+            total = fp[FP_W_LRU] + fp[FP_W_LFU]
+            fp[FP_W_LRU] /= total
+            fp[FP_W_LFU] /= total
+            freq = ip[slot + 2]
+            break
+    ival[b] = freq + 1
+
+
+@_jit(nogil=True, inline="always")
+def _workload_cached(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                     block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    lw = ls[5]
+    if parent < 0:
+        root = h
+    else:
+        p = block_of_id[parent]
+        root = jval[p] if p >= 0 else parent
+    jval[b] = root                                            # its class
+    _wl_set_estimate(lw, bint, kt, gends, root, _wl_get(lw, root, fp), ip, fp)
+    if gends[0, 2] and gwhere[h] == 0:                        # evicted, and needed again within the window
+        _cut(gprev, gnxt, gwhere, gends, h)
+        _wl_learn(lw, bint, kt, gends, lw[11][h], 1.0, True, ip, fp)
+
+
+@_jit(nogil=True, inline="always")
+def _cached_nothing(b, h, depth, parent, prev, nxt, where, ends, cursor, heap, pos, ival, jval, fval, kt, bint, bflt,
+                    block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, lr, ls, ip, fp):
+    pass
+
+
+# hit: a hit on ``b``, a candidate (between requests every cached block is one).
+@_jit(nogil=True, inline="always")
+def _lru_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+             gwhere, gends, block_of_id, ip, fp):
+    _cut(prev, nxt, where, ends, b)
+
+
+@_jit(nogil=True, inline="always")
+def _slru_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+              gwhere, gends, block_of_id, ip, fp):
+    _cut(prev, nxt, where, ends, b)
+    if not ival[b]:
+        ival[b] = 1
+        ip[IP_NUM_PROTECTED] += 1
+        _slru_demote_overflow(prev, nxt, where, ends, ival, ip)
+
+
+@_jit(nogil=True, inline="always")
+def _s3fifo_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+                gwhere, gends, block_of_id, ip, fp):
+    if ival[b] < ip[IP_MAXFREQ]:
         ival[b] += 1
-    elif kind == CAR:
-        ival[b] = 1                                               # referenced; held in place
-    elif kind == LRFU:
-        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-        bflt[b, BF_BASE] = _lrfu_bump(bflt[b, BF_BASE], fp[FP_TAU], False)
-        _lrfu_accessed(h, gint, lg, rel_leaf, ip, fp)
-    elif kind == LIRS:
-        _cut(prev, nxt, where, ends, b)
-        if sstat[h] == LIR:
-            was_bottom = gends[1, 0] == h
-            _lirs_to_top(sprev, snxt, swhere, gends, h)
-            if was_bottom:
-                _lirs_prune(sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends)
-        elif swhere[h] >= 0:                                      # HIR in S: LIR now
-            ip[IP_NUM_LIR] += 1
-            sstat[h] = LIR
-            _lirs_to_top(sprev, snxt, swhere, gends, h)
-            _lirs_demote_bottom(prev, nxt, where, ends, sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends,
-                                block_of_id, ip)
-        else:
-            _lirs_to_top(sprev, snxt, swhere, gends, h)           # stays HIR; rejoins Q's end when released
-    elif kind == BELADY:
-        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-    elif kind == WORKLOAD:
-        lw = ls[5]
-        cls = jval[b]
-        _wl_unwait(lw, bint, cls, b)
-        _wl_learn(lw, bint, kt, gends, cls, 1.0, True, ip, fp)     # re-keys the class too
-    elif kind == LECAR:
-        _cut(prev, nxt, where, ends, b)
-        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-        ip[IP_TIME] += 1
+
+
+@_jit(nogil=True, inline="always")
+def _arc_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+             gwhere, gends, block_of_id, ip, fp):
+    _cut(prev, nxt, where, ends, b)
+    if ival[b] == 1:
+        ival[b] = 2
+        ip[IP_SIZE1] -= 1
+        ip[IP_SIZE2] += 1
+
+
+@_jit(nogil=True, inline="always")
+def _lfu_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+             gwhere, gends, block_of_id, ip, fp):
+    _heap_remove(heap, pos, ival, fval, kt, ip, b)
+    k = _lfu_epoch(ip)
+    e = ival[b]
+    w = fval[b]
+    top = e if e > k else k
+    w = math.ldexp(w, e - top) + math.ldexp(1.0, k - top)
+    if w >= 2.0:
+        w *= 0.5
+        top += 1
+    ival[b] = top
+    fval[b] = w
+
+
+@_jit(nogil=True, inline="always")
+def _clock_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+               gwhere, gends, block_of_id, ip, fp):
+    if ival[b] < ip[IP_MAXFREQ]:
         ival[b] += 1
-    elif kind == WTINYLFU:
+
+
+@_jit(nogil=True, inline="always")
+def _sieve_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+               gwhere, gends, block_of_id, ip, fp):
+    ival[b] = 1                                               # visited
+
+
+@_jit(nogil=True, inline="always")
+def _twoq_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+              gwhere, gends, block_of_id, ip, fp):
+    if ival[b]:                                               # Am: out of the LRU order; A1in: held in place
         _cut(prev, nxt, where, ends, b)
-        _wt_count(h, gval, gint, ip)
-        if ival[b] == 1:
-            _wt_move(b, 2, ival, ip)
-            _wt_demote_overflow(prev, nxt, where, ends, ival, ip)
+
+
+@_jit(nogil=True, inline="always")
+def _mq_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+            gwhere, gends, block_of_id, ip, fp):
+    _cut(prev, nxt, where, ends, b)
+    _mq_access(b, ival[b] + 1, ival, jval, kt, ip)
+
+
+@_jit(nogil=True, inline="always")
+def _leaf_lru_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev,
+                  gnxt, gwhere, gends, block_of_id, ip, fp):
+    if where[b] == 0:
+        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+    else:
+        _hremove(heap, pos.shape[0], pos, fval, kt, ip, IP_HEAP2, b)
+    where[b] = -1
+
+
+@_jit(nogil=True, inline="always")
+def _gdsf_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+              gwhere, gends, block_of_id, ip, fp):
+    _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+    if jval[b] != NONE:
+        _kid_remove(bint, gval, jval, b)
+    ival[b] += 1
+
+
+@_jit(nogil=True, inline="always")
+def _car_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+             gwhere, gends, block_of_id, ip, fp):
+    ival[b] = 1                                               # referenced; held in place
+
+
+@_jit(nogil=True, inline="always")
+def _lrfu_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+              gwhere, gends, block_of_id, ip, fp):
+    gint, lg, rel_leaf = lr
+    _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+    bflt[b, BF_BASE] = _lrfu_bump(bflt[b, BF_BASE], fp[FP_TAU], False)
+    _lrfu_accessed(h, gint, lg, rel_leaf, ip, fp)
+
+
+@_jit(nogil=True, inline="always")
+def _lirs_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+              gwhere, gends, block_of_id, ip, fp):
+    sprev, snxt, swhere, sstat = (ls[0], ls[1], ls[2], ls[3])
+    _cut(prev, nxt, where, ends, b)
+    if sstat[h] == LIR:
+        was_bottom = gends[1, 0] == h
+        _lirs_to_top(sprev, snxt, swhere, gends, h)
+        if was_bottom:
+            _lirs_prune(sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends)
+    elif swhere[h] >= 0:                                      # HIR in S: LIR now
+        ip[IP_NUM_LIR] += 1
+        sstat[h] = LIR
+        _lirs_to_top(sprev, snxt, swhere, gends, h)
+        _lirs_demote_bottom(prev, nxt, where, ends, sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends,
+                            block_of_id, ip)
+    else:
+        _lirs_to_top(sprev, snxt, swhere, gends, h)           # stays HIR; rejoins Q's end when released
+
+
+@_jit(nogil=True, inline="always")
+def _wtinylfu_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev,
+                  gnxt, gwhere, gends, block_of_id, ip, fp):
+    gint = lr[0]
+    _cut(prev, nxt, where, ends, b)
+    _wt_count(h, gval, gint, ip)
+    if ival[b] == 1:
+        _wt_move(b, 2, ival, ip)
+        _wt_demote_overflow(prev, nxt, where, ends, ival, ip)
+
+
+@_jit(nogil=True, inline="always")
+def _lecar_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+               gwhere, gends, block_of_id, ip, fp):
+    _cut(prev, nxt, where, ends, b)
+    _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+    ip[IP_TIME] += 1
+    ival[b] += 1
+
+
+@_jit(nogil=True, inline="always")
+def _belady_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+                gwhere, gends, block_of_id, ip, fp):
+    _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+
+
+@_jit(nogil=True, inline="always")
+def _workload_hit(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev,
+                  gnxt, gwhere, gends, block_of_id, ip, fp):
+    lw = ls[5]
+    cls = jval[b]
+    _wl_unwait(lw, bint, cls, b)
+    _wl_learn(lw, bint, kt, gends, cls, 1.0, True, ip, fp)     # re-keys the class too
+
+
+@_jit(nogil=True, inline="always")
+def _hit_nothing(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval, lr, ls, gprev, gnxt,
+                 gwhere, gends, block_of_id, ip, fp):
+    pass
 
 
 @_jit(nogil=True, inline="always")
@@ -979,514 +1130,699 @@ def _slru_demote_overflow(prev, nxt, where, ends, ival, ip):
         _push(prev, nxt, where, ends, 0, b)
 
 
+# released: ``b``, cached under ``h``, is a candidate again (its request ended).
 @_jit(nogil=True, inline="always")
-def _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id,
-                 gval, gflt, lr, ls, ip, fp):
+def _lru_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval, gflt,
+                  lr, ls, ip, fp):
+    _push(prev, nxt, where, ends, 0, b)
+
+
+@_jit(nogil=True, inline="always")
+def _slru_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval, gflt,
+                   lr, ls, ip, fp):
+    if ival[b]:
+        _push(prev, nxt, where, ends, 1, b)
+        _slru_demote_overflow(prev, nxt, where, ends, ival, ip)
+    else:
+        _push(prev, nxt, where, ends, 0, b)
+
+
+@_jit(nogil=True, inline="always")
+def _arc_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval, gflt,
+                  lr, ls, ip, fp):
+    _push(prev, nxt, where, ends, ival[b], b)
+
+
+@_jit(nogil=True, inline="always")
+def _lfu_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval, gflt,
+                  lr, ls, ip, fp):
+    kt[b] = ip[IP_TICKET]
+    ip[IP_TICKET] += 1
+    n = ip[IP_HEAP]
+    heap[n] = b
+    ip[IP_HEAP] = n + 1
+    _sift_up(heap, pos, ival, fval, kt, n)
+
+
+@_jit(nogil=True, inline="always")
+def _twoq_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval, gflt,
+                   lr, ls, ip, fp):
+    if ival[b]:
+        _push(prev, nxt, where, ends, 1, b)
+
+
+@_jit(nogil=True, inline="always")
+def _mq_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval, gflt,
+                 lr, ls, ip, fp):
+    _push(prev, nxt, where, ends, jval[b], b)
+    if ip[IP_PENDING]:
+        _mq_adjust(prev, nxt, where, ends, jval, kt, ip)
+
+
+@_jit(nogil=True, inline="always")
+def _leaf_lru_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval,
+                       gflt, lr, ls, ip, fp):
+    kt[b] = ip[IP_TICKET]
+    ip[IP_TICKET] += 1
+    if gval[h]:
+        _hpush(heap, pos.shape[0], pos, fval, kt, ip, IP_HEAP2, b)
+        where[b] = 1
+    else:
+        _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+        where[b] = 0
+
+
+@_jit(nogil=True, inline="always")
+def _gdsf_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval, gflt,
+                   lr, ls, ip, fp):
+    depth = bint[b, B_DEPTH]
+    value = ival[b] * (1.0 + fp[FP_DEPTH_COST] * depth)
+    if ip[IP_INHERIT]:
+        inherited = gflt[h]                                   # the best child's value since (0: none)
+        gflt[h] = 0.0
+        if inherited > value:
+            value = inherited
+    base = fp[FP_CLOCK]
+    parent = bint[b, B_PARENT] if depth else NONE
+    if parent != NONE and block_of_id[parent] < 0:           # an orphan: never hit again
+        priority = base + value * fp[FP_ORPHAN]
+    else:
+        priority = base + value
+        if parent != NONE:
+            _kid_add(bint, gval, jval, parent, b)
+            if ip[IP_INHERIT] and gflt[parent] < value:
+                gflt[parent] = value
+    kt[b] = ip[IP_TICKET]
+    ip[IP_TICKET] += 1
+    fval[b] = priority
+    bflt[b, BF_BASE] = base
+    bflt[b, BF_VALUE] = value
+    _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+
+
+@_jit(nogil=True, inline="always")
+def _lrfu_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval, gflt,
+                   lr, ls, ip, fp):
     gint, lg, rel_leaf = lr
+    now = ip[IP_NOW] + 1
+    ip[IP_NOW] = now
+    fp[FP_TAU] += fp[FP_INV_H]
+    leaf = gval[h] == 0
+    score = bflt[b, BF_BASE]
+    if leaf and ip[IP_LEAF_PENALTY]:
+        score -= _lrfu_penalty(ip, fp)
+    fval[b] = score
+    kt[b] = now
+    _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+    gint[h, G_OPEN] = now                                     # an experiment, open for a window
+    lg[now, 2] = h
+    rel_leaf[now] = leaf
+    horizon = now - ip[IP_WINDOW]
+    tick = ip[IP_REL_HEAD]
+    while tick <= horizon:                                    # close (as not reused) what left it
+        old = lg[tick, 2]
+        if gint[old, G_OPEN] == tick:
+            gint[old, G_OPEN] = -1
+            _lrfu_learn(rel_leaf[tick], 0.0, fp)
+        tick += 1
+    ip[IP_REL_HEAD] = tick
+
+
+@_jit(nogil=True, inline="always")
+def _lirs_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval, gflt,
+                   lr, ls, ip, fp):
     sstat = ls[3]
-    if kind == LRU:
-        _push(prev, nxt, where, ends, 0, b)
-    elif kind == SLRU:
-        if ival[b]:
-            _push(prev, nxt, where, ends, 1, b)
-            _slru_demote_overflow(prev, nxt, where, ends, ival, ip)
-        else:
-            _push(prev, nxt, where, ends, 0, b)
-    elif kind == ARC:
-        _push(prev, nxt, where, ends, ival[b], b)
-    elif kind == LFU:
-        kt[b] = ip[IP_TICKET]
-        ip[IP_TICKET] += 1
-        n = ip[IP_HEAP]
-        heap[n] = b
-        ip[IP_HEAP] = n + 1
-        _sift_up(heap, pos, ival, fval, kt, n)
-    elif kind == TWOQ:
-        if ival[b]:
-            _push(prev, nxt, where, ends, 1, b)
-    elif kind == MQ:
-        _push(prev, nxt, where, ends, jval[b], b)
-        if ip[IP_PENDING]:
-            _mq_adjust(prev, nxt, where, ends, jval, kt, ip)
-    elif kind == LEAF_LRU:
-        kt[b] = ip[IP_TICKET]
-        ip[IP_TICKET] += 1
-        if gval[h]:
-            _hpush(heap, pos.shape[0], pos, fval, kt, ip, IP_HEAP2, b)
-            where[b] = 1
-        else:
-            _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-            where[b] = 0
-    elif kind == GDSF:
-        depth = bint[b, B_DEPTH]
-        value = ival[b] * (1.0 + fp[FP_DEPTH_COST] * depth)
-        if ip[IP_INHERIT]:
-            inherited = gflt[h]                                   # the best child's value since (0: none)
-            gflt[h] = 0.0
-            if inherited > value:
-                value = inherited
-        base = fp[FP_CLOCK]
-        parent = bint[b, B_PARENT] if depth else NONE
-        if parent != NONE and block_of_id[parent] < 0:           # an orphan: never hit again
-            priority = base + value * fp[FP_ORPHAN]
-        else:
-            priority = base + value
-            if parent != NONE:
-                _kid_add(bint, gval, jval, parent, b)
-                if ip[IP_INHERIT] and gflt[parent] < value:
-                    gflt[parent] = value
-        kt[b] = ip[IP_TICKET]
-        ip[IP_TICKET] += 1
-        fval[b] = priority
-        bflt[b, BF_BASE] = base
-        bflt[b, BF_VALUE] = value
-        _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-    elif kind == LRFU:
-        now = ip[IP_NOW] + 1
-        ip[IP_NOW] = now
-        fp[FP_TAU] += fp[FP_INV_H]
-        leaf = gval[h] == 0
-        score = bflt[b, BF_BASE]
-        if leaf and ip[IP_LEAF_PENALTY]:
-            score -= _lrfu_penalty(ip, fp)
-        fval[b] = score
-        kt[b] = now
-        _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-        gint[h, G_OPEN] = now                                     # an experiment, open for a window
-        lg[now, 2] = h
-        rel_leaf[now] = leaf
-        horizon = now - ip[IP_WINDOW]
-        tick = ip[IP_REL_HEAD]
-        while tick <= horizon:                                    # close (as not reused) what left it
-            old = lg[tick, 2]
-            if gint[old, G_OPEN] == tick:
-                gint[old, G_OPEN] = -1
-                _lrfu_learn(rel_leaf[tick], 0.0, fp)
-            tick += 1
-        ip[IP_REL_HEAD] = tick
-    elif kind == LIRS:
-        q = 1 if sstat[h] == LIR else 0
-        _push(prev, nxt, where, ends, q, b)
-    elif kind == WORKLOAD:
-        lw = ls[5]
-        cls = jval[b]
-        ticket = ip[IP_TICKET]
-        ip[IP_TICKET] += 1
-        ip[IP_NOW] = ticket
-        kt[b] = ticket
-        _wl_wait(lw, bint, cls, b)
-        if lw[6][cls] == 1:
-            _wl_rekey(lw, bint, kt, cls, ip, fp)
-    elif kind == BELADY:
-        fval[b] = -gflt[h]                                        # keyed (-next use, release ticket)
-        kt[b] = ip[IP_TICKET]
-        ip[IP_TICKET] += 1
-        _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-    elif kind == LECAR:
-        _push(prev, nxt, where, ends, 0, b)
-        fval[b] = ival[b]                                         # keyed (count, release ticket)
-        kt[b] = ip[IP_TICKET]
-        ip[IP_TICKET] += 1
-        _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-    elif kind == WTINYLFU:
-        segment = ival[b]
-        _push(prev, nxt, where, ends, segment, b)
-        if segment == 2:
-            _wt_demote_overflow(prev, nxt, where, ends, ival, ip)
-        elif segment == 0 and ip[IP_SIZE0] > ip[IP_WINDOW]:
-            _wt_spill(prev, nxt, where, ends, ival, ip)
+    q = 1 if sstat[h] == LIR else 0
+    _push(prev, nxt, where, ends, q, b)
+
+
+@_jit(nogil=True, inline="always")
+def _wtinylfu_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval,
+                       gflt, lr, ls, ip, fp):
+    segment = ival[b]
+    _push(prev, nxt, where, ends, segment, b)
+    if segment == 2:
+        _wt_demote_overflow(prev, nxt, where, ends, ival, ip)
+    elif segment == 0 and ip[IP_SIZE0] > ip[IP_WINDOW]:
+        _wt_spill(prev, nxt, where, ends, ival, ip)
+
+
+@_jit(nogil=True, inline="always")
+def _lecar_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval,
+                    gflt, lr, ls, ip, fp):
+    _push(prev, nxt, where, ends, 0, b)
+    fval[b] = ival[b]                                         # keyed (count, release ticket)
+    kt[b] = ip[IP_TICKET]
+    ip[IP_TICKET] += 1
+    _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+
+
+@_jit(nogil=True, inline="always")
+def _belady_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval,
+                     gflt, lr, ls, ip, fp):
+    fval[b] = -gflt[h]                                        # keyed (-next use, release ticket)
+    kt[b] = ip[IP_TICKET]
+    ip[IP_TICKET] += 1
+    _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+
+
+@_jit(nogil=True, inline="always")
+def _workload_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval,
+                       gflt, lr, ls, ip, fp):
+    lw = ls[5]
+    cls = jval[b]
+    ticket = ip[IP_TICKET]
+    ip[IP_TICKET] += 1
+    ip[IP_NOW] = ticket
+    kt[b] = ticket
+    _wl_wait(lw, bint, cls, b)
+    if lw[6][cls] == 1:
+        _wl_rekey(lw, bint, kt, cls, ip, fp)
+
+
+# FIFO, S3-FIFO, CLOCK, SIEVE, 2Q's A1in: a held block keeps its place; releasing it only ends the hold
+@_jit(nogil=True, inline="always")
+def _released_nothing(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval,
+                      gflt, lr, ls, ip, fp):
+    pass
     # FIFO, S3-FIFO, CLOCK, SIEVE, 2Q's A1in: a held block keeps its place; releasing it only ends the hold
 
 
+# evict: one victim, as the policy's ``evict`` chooses it (the caller drops its hash).
 @_jit(nogil=True, inline="always")
-def _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
-           id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
-    if kind == WORKLOAD:
-        lw = ls[5]
-        gcls, gtick, touched = lw[11], lw[12], lw[13]
-        cls = lw[7][0]
-        b = lw[4][cls]
-        _wl_unwait(lw, bint, cls, b)
-        h = id_of_block[b]
-        _push(gprev, gnxt, gwhere, gends, 0, h)
-        gcls[h] = cls
-        gtick[h] = kt[b]
-        horizon = ip[IP_NOW] - fp[FP_WINDOW_TICKS]
-        n = 0
-        while gends[0, 2]:                  # forget (and count as not reused) what left the window
-            g = gends[0, 0]
-            if gtick[g] >= horizon and gends[0, 2] <= ip[IP_GHOST_SIZE]:
-                break
-            _pop_head(gprev, gnxt, gwhere, gends, 0)
-            c = gcls[g]
-            _wl_learn(lw, bint, kt, gends, c, 0.0, False, ip, fp)
-            if c != cls:
-                touched[n] = c
-                n += 1
-        _wl_rekey(lw, bint, kt, cls, ip, fp)
-        for i in range(n):                  # re-keying is idempotent: a class listed twice is no matter
-            if lw[8][touched[i]] >= 0:
-                _wl_rekey(lw, bint, kt, touched[i], ip, fp)
-        return b
-    if kind == BELADY:
-        b = heap[0]
-        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-        return b
-    if kind == LECAR:
-        by_lru = ends[0, 0]
-        by_lfu = heap[0]
-        expert = 0 if _mt_random(mt) < fp[FP_W_LRU] else 1
-        b = by_lru if expert == 0 else by_lfu
-        _cut(prev, nxt, where, ends, b)
-        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-        if by_lru != by_lfu:
-            _lc_add(gprev, gnxt, gwhere, gends, gval, gint, expert, id_of_block[b], ip[IP_TIME], ival[b],
-                    ip[IP_CAPACITY], ip)
-        return b
-    if kind == WTINYLFU:
-        main = 1 if ends[1, 2] else (2 if ends[2, 2] else -1)
-        if ends[0, 2] and (ip[IP_SIZE0] >= ip[IP_WINDOW] or main < 0):
-            candidate = ends[0, 0]
-            if main >= 0:
-                victim = ends[main, 0]
-                if gval[id_of_block[candidate]] > gval[id_of_block[victim]]:   # admitted: the main victim goes
-                    _cut(prev, nxt, where, ends, candidate)
-                    _wt_move(candidate, 1, ival, ip)
-                    _push(prev, nxt, where, ends, 1, candidate)
-                    return _wt_take(prev, nxt, where, ends, ival, ip, victim)
-            return _wt_take(prev, nxt, where, ends, ival, ip, candidate)
-        return _wt_take(prev, nxt, where, ends, ival, ip, ends[main, 0])
-    if kind == LIRS:
-        sprev, snxt, swhere, sstat = ls[0], ls[1], ls[2], ls[3]
-        q = 0 if ends[0, 2] else 1
-        b = _pop_head(prev, nxt, where, ends, q)
-        h = id_of_block[b]
-        st = sstat[h]
-        if st == LIR:
-            ip[IP_NUM_LIR] -= 1
-            sstat[h] = -1
-            _cut(sprev, snxt, swhere, gends, h)
-            _lirs_prune(sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends)
-        elif swhere[h] >= 0:
-            sstat[h] = NONRESIDENT
-            _push(gprev, gnxt, gwhere, gends, 0, h)
-            if gends[0, 2] > ip[IP_NONRESIDENT_LIMIT]:
-                oldest = _pop_head(gprev, gnxt, gwhere, gends, 0)
-                _cut(sprev, snxt, swhere, gends, oldest)
-                sstat[oldest] = -1
-        else:
-            sstat[h] = -1
-        return b
-    if kind == CAR:
-        while True:
-            t1 = ends[1, 2] - heldq[1]
-            if t1 and (ends[1, 2] >= max(1.0, fp[FP_P]) or ends[2, 2] - heldq[2] == 0):
-                which = 1
-            else:
-                which = 2
-            b = _first_candidate(nxt, held, ends, cursor, which)
+def _lru_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt, id_of_block,
+               block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    return _pop_head(prev, nxt, where, ends, 0)
+
+
+@_jit(nogil=True, inline="always")
+def _fifo_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt, id_of_block,
+                block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    b = _first_candidate(nxt, held, ends, cursor, 0)
+    _cut_candidate(prev, nxt, where, ends, cursor, b)
+    return b
+
+
+@_jit(nogil=True, inline="always")
+def _slru_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt, id_of_block,
+                block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    if ends[0, 2]:
+        b = _pop_head(prev, nxt, where, ends, 0)
+    else:
+        b = _pop_head(prev, nxt, where, ends, 1)
+        ip[IP_NUM_PROTECTED] -= 1
+    return b
+
+
+@_jit(nogil=True, inline="always")
+def _s3fifo_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
+                  id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    while True:
+        small_candidates = ends[0, 2] - heldq[0]
+        if small_candidates and (ends[0, 2] >= ip[IP_SMALL_TARGET] or ends[1, 2] - heldq[1] == 0):
+            b = _first_candidate(nxt, held, ends, cursor, 0)
             _cut_candidate(prev, nxt, where, ends, cursor, b)
-            if ival[b]:                                           # second chance, in T2
-                ival[b] = 0
-                _push_candidate(prev, nxt, where, ends, cursor, 2, b)
-                continue
-            _push(gprev, gnxt, gwhere, gends, which, id_of_block[b])
-            return b
-    if kind == LRFU:
-        b = heap[0]
-        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-        h = id_of_block[b]
-        _push(gprev, gnxt, gwhere, gends, 0, h)
-        gflt[h] = bflt[b, BF_BASE]
-        while gends[0, 2] > ip[IP_GHOST_SIZE]:
-            _pop_head(gprev, gnxt, gwhere, gends, 0)
-        parent = jval[b]
-        if parent >= 0:
-            gval[parent] -= 1
-            jval[b] = NONE
-        return b
-    """One victim, as the policy's ``evict`` chooses it (the caller drops its hash)."""
-    if kind == LRU:
-        return _pop_head(prev, nxt, where, ends, 0)
-    if kind == FIFO:
-        b = _first_candidate(nxt, held, ends, cursor, 0)
-        _cut_candidate(prev, nxt, where, ends, cursor, b)
-        return b
-    if kind == SLRU:
-        if ends[0, 2]:
-            b = _pop_head(prev, nxt, where, ends, 0)
-        else:
-            b = _pop_head(prev, nxt, where, ends, 1)
-            ip[IP_NUM_PROTECTED] -= 1
-        return b
-    if kind == S3FIFO:
-        while True:
-            small_candidates = ends[0, 2] - heldq[0]
-            if small_candidates and (ends[0, 2] >= ip[IP_SMALL_TARGET] or ends[1, 2] - heldq[1] == 0):
-                b = _first_candidate(nxt, held, ends, cursor, 0)
-                _cut_candidate(prev, nxt, where, ends, cursor, b)
-                if ival[b] >= ip[IP_MOVE]:                       # lazy promotion to main
-                    _push_candidate(prev, nxt, where, ends, cursor, 1, b)
-                    continue
-                _ghost_add(gprev, gnxt, gwhere, gends, 0, id_of_block[b])
-                if gends[0, 2] > ip[IP_GHOST_SIZE]:
-                    _pop_head(gprev, gnxt, gwhere, gends, 0)
-                return b
-            b = _first_candidate(nxt, held, ends, cursor, 1)
-            _cut_candidate(prev, nxt, where, ends, cursor, b)
-            if ival[b]:                                           # second chance
-                ival[b] -= 1
+            if ival[b] >= ip[IP_MOVE]:                       # lazy promotion to main
                 _push_candidate(prev, nxt, where, ends, cursor, 1, b)
                 continue
+            _ghost_add(gprev, gnxt, gwhere, gends, 0, id_of_block[b])
+            if gends[0, 2] > ip[IP_GHOST_SIZE]:
+                _pop_head(gprev, gnxt, gwhere, gends, 0)
             return b
-    if kind == ARC:
-        if ends[1, 2] and (ip[IP_SIZE1] > fp[FP_P] or not ends[2, 2]):
-            b = _pop_head(prev, nxt, where, ends, 1)
-            which = 1
-            ip[IP_SIZE1] -= 1
-        else:
-            b = _pop_head(prev, nxt, where, ends, 2)
-            which = 2
-            ip[IP_SIZE2] -= 1
-        _ghost_add(gprev, gnxt, gwhere, gends, which, id_of_block[b])
-        _arc_trim(gprev, gnxt, gwhere, gends, ip)
+        b = _first_candidate(nxt, held, ends, cursor, 1)
+        _cut_candidate(prev, nxt, where, ends, cursor, b)
+        if ival[b]:                                           # second chance
+            ival[b] -= 1
+            _push_candidate(prev, nxt, where, ends, cursor, 1, b)
+            continue
         return b
-    if kind == CLOCK:
-        while True:
-            b = _first_candidate(nxt, held, ends, cursor, 0)
-            _cut_candidate(prev, nxt, where, ends, cursor, b)
-            if ival[b]:                                           # second chance: back to the new end
-                ival[b] -= 1
-                _push_candidate(prev, nxt, where, ends, cursor, 0, b)
-                continue
-            return b
-    if kind == SIEVE:
-        # cursor[0]: where the hand's walk stands within this allocation (nothing is released
-        # meanwhile); ip[IP_HAND]: the block after the latest victim when a candidate followed it
-        # (the sweep starts at the first candidate from there), else NONE (from the oldest)
-        c = cursor[0]
-        if c == UNSET:
-            c = ip[IP_HAND]
-            if c == NONE:
-                c = ends[0, 0]
-        while True:
-            while c != NONE and held[c]:
-                c = nxt[c]
-            if c == NONE:                                         # past the newest: wrap to the oldest
-                c = ends[0, 0]
-                continue
-            if ival[c]:
-                ival[c] = 0
-                c = nxt[c]
-                continue
-            break
-        b = c
-        after = nxt[b]
-        _cut(prev, nxt, where, ends, b)
-        c = after
-        while c != NONE and held[c]:
-            c = nxt[c]
-        if c == NONE:
-            ip[IP_HAND] = NONE
-            cursor[0] = UNSET
-        else:
-            ip[IP_HAND] = after
-            cursor[0] = c
-        return b
-    if kind == TWOQ:
-        if ends[0, 2] - heldq[0] and (ends[0, 2] > ip[IP_LIMIT] or not ends[1, 2]):
-            b = _first_candidate(nxt, held, ends, cursor, 0)
-            _cut_candidate(prev, nxt, where, ends, cursor, b)
-            _bounded_ghost_add(gprev, gnxt, gwhere, gends, gval, 0, id_of_block[b], 0, ip[IP_GHOST_SIZE], ip)
-            return b
-        return _pop_head(prev, nxt, where, ends, 1)
-    if kind == MQ:
-        if ip[IP_PENDING]:
-            _mq_adjust(prev, nxt, where, ends, jval, kt, ip)
-        q = 0
-        while not ends[q, 2]:
-            q += 1
-        b = _pop_head(prev, nxt, where, ends, q)
-        _bounded_ghost_add(gprev, gnxt, gwhere, gends, gval, 0, id_of_block[b], ival[b], ip[IP_GHOST_SIZE], ip)
-        return b
-    if kind == LEAF_LRU:
-        blocks = pos.shape[0]
-        if ip[IP_HEAP]:
-            b = heap[0]
-            _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-        else:                                                     # no leaf waits: the oldest inner one
-            b = heap[blocks]
-            _hremove(heap, blocks, pos, fval, kt, ip, IP_HEAP2, b)
-        where[b] = -1
-        parent = jval[b]
-        if parent >= 0:
-            n = gval[parent] - 1
-            gval[parent] = n
-            if n == 0:                                            # its parent is a leaf again
-                p = block_of_id[parent]
-                if p >= 0 and where[p] == 1:
-                    _leaf_move(heap, pos, where, fval, kt, ip, p, 0)
-        return b
-    if kind == GDSF:
-        parent = ip[IP_EVICTED_PARENT]
-        if parent != NONE:                                        # its waiting children are orphans now
-            ip[IP_EVICTED_PARENT] = NONE
-            if block_of_id[parent] < 0:
-                c = gval[parent]
-                gval[parent] = NONE
-                while c != NONE:
-                    after = bint[c, B_KNEXT]
-                    jval[c] = NONE
-                    fval[c] = bflt[c, BF_BASE] + bflt[c, BF_VALUE] * fp[FP_ORPHAN]
-                    _hrekey(heap, 0, pos, fval, kt, ip, IP_HEAP, c)
-                    c = after
-        b = heap[0]
-        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-        if jval[b] != NONE:
-            _kid_remove(bint, gval, jval, b)
-        if fval[b] > fp[FP_CLOCK]:
-            fp[FP_CLOCK] = fval[b]
-        h = id_of_block[b]
-        gflt[h] = 0.0
-        if gval[h] != NONE:
-            ip[IP_EVICTED_PARENT] = h
-        return b
-    # LFU: the least weight, then the oldest release
+
+
+@_jit(nogil=True, inline="always")
+def _arc_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt, id_of_block,
+               block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    if ends[1, 2] and (ip[IP_SIZE1] > fp[FP_P] or not ends[2, 2]):
+        b = _pop_head(prev, nxt, where, ends, 1)
+        which = 1
+        ip[IP_SIZE1] -= 1
+    else:
+        b = _pop_head(prev, nxt, where, ends, 2)
+        which = 2
+        ip[IP_SIZE2] -= 1
+    _ghost_add(gprev, gnxt, gwhere, gends, which, id_of_block[b])
+    _arc_trim(gprev, gnxt, gwhere, gends, ip)
+    return b
+
+
+@_jit(nogil=True, inline="always")
+def _lfu_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt, id_of_block,
+               block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
     b = heap[0]
     _heap_remove(heap, pos, ival, fval, kt, ip, b)
     return b
 
 
-@_jit(nogil=True)
-def replay_cache(kind, offsets, ids, total_blocks, capacity, warm, ip, fp, ends, gends,
-                 prev, nxt, where, ival, jval, fval, kt, bint, bflt, heap, pos, gprev, gnxt, gwhere, gval, gflt,
-                 gint, lg, rel_leaf, sprev, snxt, swhere, sstat, mt, nu, lw, hits, counters):
-    """Replay every request (cache mode); ``hits[i]``: request ``i``'s leading hits (0 for one
-    longer than the pool, which changes nothing); ``counters``: see ``C_*``. The policy state
-    arrays come initialised from ``CompiledReplay``."""
-    num_requests = offsets.shape[0] - 1
-    lr = (gint, lg, rel_leaf)
-    ls = (sprev, snxt, swhere, sstat, mt, lw)      # LIRS's arrays, LeCaR's state, workload's arrays
-    blocks = prev.shape[0]      # the most blocks ever handed out (``CompiledReplay``): <= capacity
-    # int32 where the counts fit (``fastreplay.run`` picks the links' width): the id -> block map
-    # is read at random across the trace's distinct ids, so its width is cache misses
-    block_of_id = np.full(gwhere.shape[0], -1, prev.dtype)
-    id_of_block = np.full(blocks, -1, ids.dtype)
-    free = np.empty(blocks, prev.dtype)
-    free_top = 0
-    fresh = 0
-    reused = np.zeros(blocks, np.uint8)
-    held = np.zeros(blocks, np.uint8)
-    heldq = np.zeros(ends.shape[0], np.int64)
-    cursor = np.full(ends.shape[0], UNSET, np.int64)
-    longest = 0
-    for i in range(num_requests):
-        longest = max(longest, total_blocks[i])
-    table = np.empty(min(longest, capacity), np.int64)
-    evictions = 0
-    cached = 0
-    unused = 0
-    for i in range(num_requests):
-        if i == warm:
+@_jit(nogil=True, inline="always")
+def _clock_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
+                 id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    while True:
+        b = _first_candidate(nxt, held, ends, cursor, 0)
+        _cut_candidate(prev, nxt, where, ends, cursor, b)
+        if ival[b]:                                           # second chance: back to the new end
+            ival[b] -= 1
+            _push_candidate(prev, nxt, where, ends, cursor, 0, b)
+            continue
+        return b
+
+
+@_jit(nogil=True, inline="always")
+def _sieve_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
+                 id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    c = cursor[0]
+    if c == UNSET:
+        c = ip[IP_HAND]
+        if c == NONE:
+            c = ends[0, 0]
+    while True:
+        while c != NONE and held[c]:
+            c = nxt[c]
+        if c == NONE:                                         # past the newest: wrap to the oldest
+            c = ends[0, 0]
+            continue
+        if ival[c]:
+            ival[c] = 0
+            c = nxt[c]
+            continue
+        break
+    b = c
+    after = nxt[b]
+    _cut(prev, nxt, where, ends, b)
+    c = after
+    while c != NONE and held[c]:
+        c = nxt[c]
+    if c == NONE:
+        ip[IP_HAND] = NONE
+        cursor[0] = UNSET
+    else:
+        ip[IP_HAND] = after
+        cursor[0] = c
+    return b
+
+
+@_jit(nogil=True, inline="always")
+def _twoq_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt, id_of_block,
+                block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    if ends[0, 2] - heldq[0] and (ends[0, 2] > ip[IP_LIMIT] or not ends[1, 2]):
+        b = _first_candidate(nxt, held, ends, cursor, 0)
+        _cut_candidate(prev, nxt, where, ends, cursor, b)
+        _bounded_ghost_add(gprev, gnxt, gwhere, gends, gval, 0, id_of_block[b], 0, ip[IP_GHOST_SIZE], ip)
+        return b
+    return _pop_head(prev, nxt, where, ends, 1)
+
+
+@_jit(nogil=True, inline="always")
+def _mq_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt, id_of_block,
+              block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    if ip[IP_PENDING]:
+        _mq_adjust(prev, nxt, where, ends, jval, kt, ip)
+    q = 0
+    while not ends[q, 2]:
+        q += 1
+    b = _pop_head(prev, nxt, where, ends, q)
+    _bounded_ghost_add(gprev, gnxt, gwhere, gends, gval, 0, id_of_block[b], ival[b], ip[IP_GHOST_SIZE], ip)
+    return b
+
+
+@_jit(nogil=True, inline="always")
+def _leaf_lru_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
+                    id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    blocks = pos.shape[0]
+    if ip[IP_HEAP]:
+        b = heap[0]
+        _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+    else:                                                     # no leaf waits: the oldest inner one
+        b = heap[blocks]
+        _hremove(heap, blocks, pos, fval, kt, ip, IP_HEAP2, b)
+    where[b] = -1
+    parent = jval[b]
+    if parent >= 0:
+        n = gval[parent] - 1
+        gval[parent] = n
+        if n == 0:                                            # its parent is a leaf again
+            p = block_of_id[parent]
+            if p >= 0 and where[p] == 1:
+                _leaf_move(heap, pos, where, fval, kt, ip, p, 0)
+    return b
+
+
+@_jit(nogil=True, inline="always")
+def _gdsf_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt, id_of_block,
+                block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    parent = ip[IP_EVICTED_PARENT]
+    if parent != NONE:                                        # its waiting children are orphans now
+        ip[IP_EVICTED_PARENT] = NONE
+        if block_of_id[parent] < 0:
+            c = gval[parent]
+            gval[parent] = NONE
+            while c != NONE:
+                after = bint[c, B_KNEXT]
+                jval[c] = NONE
+                fval[c] = bflt[c, BF_BASE] + bflt[c, BF_VALUE] * fp[FP_ORPHAN]
+                _hrekey(heap, 0, pos, fval, kt, ip, IP_HEAP, c)
+                c = after
+    b = heap[0]
+    _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+    if jval[b] != NONE:
+        _kid_remove(bint, gval, jval, b)
+    if fval[b] > fp[FP_CLOCK]:
+        fp[FP_CLOCK] = fval[b]
+    h = id_of_block[b]
+    gflt[h] = 0.0
+    if gval[h] != NONE:
+        ip[IP_EVICTED_PARENT] = h
+    return b
+
+
+@_jit(nogil=True, inline="always")
+def _car_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt, id_of_block,
+               block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    while True:
+        t1 = ends[1, 2] - heldq[1]
+        if t1 and (ends[1, 2] >= max(1.0, fp[FP_P]) or ends[2, 2] - heldq[2] == 0):
+            which = 1
+        else:
+            which = 2
+        b = _first_candidate(nxt, held, ends, cursor, which)
+        _cut_candidate(prev, nxt, where, ends, cursor, b)
+        if ival[b]:                                           # second chance, in T2
+            ival[b] = 0
+            _push_candidate(prev, nxt, where, ends, cursor, 2, b)
+            continue
+        _push(gprev, gnxt, gwhere, gends, which, id_of_block[b])
+        return b
+
+
+@_jit(nogil=True, inline="always")
+def _lrfu_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt, id_of_block,
+                block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    b = heap[0]
+    _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+    h = id_of_block[b]
+    _push(gprev, gnxt, gwhere, gends, 0, h)
+    gflt[h] = bflt[b, BF_BASE]
+    while gends[0, 2] > ip[IP_GHOST_SIZE]:
+        _pop_head(gprev, gnxt, gwhere, gends, 0)
+    parent = jval[b]
+    if parent >= 0:
+        gval[parent] -= 1
+        jval[b] = NONE
+    return b
+
+
+@_jit(nogil=True, inline="always")
+def _lirs_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt, id_of_block,
+                block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    sprev, snxt, swhere, sstat = ls[0], ls[1], ls[2], ls[3]
+    q = 0 if ends[0, 2] else 1
+    b = _pop_head(prev, nxt, where, ends, q)
+    h = id_of_block[b]
+    st = sstat[h]
+    if st == LIR:
+        ip[IP_NUM_LIR] -= 1
+        sstat[h] = -1
+        _cut(sprev, snxt, swhere, gends, h)
+        _lirs_prune(sprev, snxt, swhere, sstat, gprev, gnxt, gwhere, gends)
+    elif swhere[h] >= 0:
+        sstat[h] = NONRESIDENT
+        _push(gprev, gnxt, gwhere, gends, 0, h)
+        if gends[0, 2] > ip[IP_NONRESIDENT_LIMIT]:
+            oldest = _pop_head(gprev, gnxt, gwhere, gends, 0)
+            _cut(sprev, snxt, swhere, gends, oldest)
+            sstat[oldest] = -1
+    else:
+        sstat[h] = -1
+    return b
+
+
+@_jit(nogil=True, inline="always")
+def _wtinylfu_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
+                    id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    main = 1 if ends[1, 2] else (2 if ends[2, 2] else -1)
+    if ends[0, 2] and (ip[IP_SIZE0] >= ip[IP_WINDOW] or main < 0):
+        candidate = ends[0, 0]
+        if main >= 0:
+            victim = ends[main, 0]
+            if gval[id_of_block[candidate]] > gval[id_of_block[victim]]:   # admitted: the main victim goes
+                _cut(prev, nxt, where, ends, candidate)
+                _wt_move(candidate, 1, ival, ip)
+                _push(prev, nxt, where, ends, 1, candidate)
+                return _wt_take(prev, nxt, where, ends, ival, ip, victim)
+        return _wt_take(prev, nxt, where, ends, ival, ip, candidate)
+    return _wt_take(prev, nxt, where, ends, ival, ip, ends[main, 0])
+
+
+@_jit(nogil=True, inline="always")
+def _lecar_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
+                 id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    by_lru = ends[0, 0]
+    by_lfu = heap[0]
+    expert = 0 if _mt_random(mt) < fp[FP_W_LRU] else 1
+    b = by_lru if expert == 0 else by_lfu
+    _cut(prev, nxt, where, ends, b)
+    _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+    if by_lru != by_lfu:
+        _lc_add(gprev, gnxt, gwhere, gends, gval, gint, expert, id_of_block[b], ip[IP_TIME], ival[b],
+                ip[IP_CAPACITY], ip)
+    return b
+
+
+@_jit(nogil=True, inline="always")
+def _belady_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
+                  id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    b = heap[0]
+    _hremove(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+    return b
+
+
+@_jit(nogil=True, inline="always")
+def _workload_evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
+                    id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    lw = ls[5]
+    gcls, gtick, touched = lw[11], lw[12], lw[13]
+    cls = lw[7][0]
+    b = lw[4][cls]
+    _wl_unwait(lw, bint, cls, b)
+    h = id_of_block[b]
+    _push(gprev, gnxt, gwhere, gends, 0, h)
+    gcls[h] = cls
+    gtick[h] = kt[b]
+    horizon = ip[IP_NOW] - fp[FP_WINDOW_TICKS]
+    n = 0
+    while gends[0, 2]:                  # forget (and count as not reused) what left the window
+        g = gends[0, 0]
+        if gtick[g] >= horizon and gends[0, 2] <= ip[IP_GHOST_SIZE]:
+            break
+        _pop_head(gprev, gnxt, gwhere, gends, 0)
+        c = gcls[g]
+        _wl_learn(lw, bint, kt, gends, c, 0.0, False, ip, fp)
+        if c != cls:
+            touched[n] = c
+            n += 1
+    _wl_rekey(lw, bint, kt, cls, ip, fp)
+    for i in range(n):                  # re-keying is idempotent: a class listed twice is no matter
+        if lw[8][touched[i]] >= 0:
+            _wl_rekey(lw, bint, kt, touched[i], ip, fp)
+    return b
+
+
+@_jit(nogil=True, inline="always")
+def _evict_nothing(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt, bint, bflt,
+                   id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint, ip, fp):
+    pass
+
+
+# each kind's (cached, hit, released, evict): what the loop of that kind inlines
+EVENTS = {
+    LRU: (_cached_nothing, _lru_hit, _lru_released, _lru_evict),
+    FIFO: (_fifo_cached, _hit_nothing, _released_nothing, _fifo_evict),
+    SLRU: (_slru_cached, _slru_hit, _slru_released, _slru_evict),
+    S3FIFO: (_s3fifo_cached, _s3fifo_hit, _released_nothing, _s3fifo_evict),
+    ARC: (_arc_cached, _arc_hit, _arc_released, _arc_evict),
+    LFU: (_lfu_cached, _lfu_hit, _lfu_released, _lfu_evict),
+    CLOCK: (_clock_cached, _clock_hit, _released_nothing, _clock_evict),
+    SIEVE: (_sieve_cached, _sieve_hit, _released_nothing, _sieve_evict),
+    TWOQ: (_twoq_cached, _twoq_hit, _twoq_released, _twoq_evict),
+    MQ: (_mq_cached, _mq_hit, _mq_released, _mq_evict),
+    LEAF_LRU: (_leaf_lru_cached, _leaf_lru_hit, _leaf_lru_released, _leaf_lru_evict),
+    GDSF: (_gdsf_cached, _gdsf_hit, _gdsf_released, _gdsf_evict),
+    CAR: (_car_cached, _car_hit, _released_nothing, _car_evict),
+    LRFU: (_lrfu_cached, _lrfu_hit, _lrfu_released, _lrfu_evict),
+    LIRS: (_lirs_cached, _lirs_hit, _lirs_released, _lirs_evict),
+    WTINYLFU: (_wtinylfu_cached, _wtinylfu_hit, _wtinylfu_released, _wtinylfu_evict),
+    LECAR: (_lecar_cached, _lecar_hit, _lecar_released, _lecar_evict),
+    BELADY: (_cached_nothing, _belady_hit, _belady_released, _belady_evict),
+    WORKLOAD: (_workload_cached, _workload_hit, _workload_released, _workload_evict),
+}
+
+
+# -- one compiled loop per policy kind --------------------------------------------------------------
+# Each kind's loop inlines only that kind's four event functions (``EVENTS``). One loop switching
+# on the kind at every event inlined every policy's code: numba spent minutes inlining it, and its
+# pass that removes redundant reference counting gave up on a function that size, so three
+# quarters of LRU's replay of the WEKA folder went to NRT_incref / NRT_decref (3.6 s; 0.19 s now).
+# The event functions are the loop's globals (a copy of this module's, per kind), not closure
+# cells: numba keys a cached closure by its cells' pickled contents, and a pickled dispatcher
+# differs from one process to the next. The cells are ``kind`` and the digest of replay_layout.py,
+# whose edits alone (the constants) would otherwise load a loop compiled with the old ones.
+_LAYOUT = hashlib.sha256(Path(replay_layout.__file__).read_bytes()).hexdigest()
+_loops: dict = {}
+
+
+def _loop_for(kind: int):
+    layout = _LAYOUT
+
+    # on_cached, on_hit, on_released and evict are this kind's ``EVENTS``: globals of the copy below
+    def replay_kind(offsets, ids, total_blocks, capacity, warm, ip, fp, ends, gends,
+                    prev, nxt, where, ival, jval, fval, kt, bint, bflt, heap, pos, gprev, gnxt, gwhere, gval, gflt,
+                    gint, lg, rel_leaf, sprev, snxt, swhere, sstat, mt, nu, lw, hits, counters):
+        layout_digest = layout  # noqa: F841  (read: it is what makes ``layout`` a cell)
+        num_requests = offsets.shape[0] - 1
+        lr = (gint, lg, rel_leaf)
+        ls = (sprev, snxt, swhere, sstat, mt, lw)      # LIRS's arrays, LeCaR's state, workload's arrays
+        blocks = prev.shape[0]      # the most blocks ever handed out (``CompiledReplay``): <= capacity
+        # int32 where the counts fit (``fastreplay.run`` picks the links' width): the id -> block map
+        # is read at random across the trace's distinct ids, so its width is cache misses
+        block_of_id = np.full(gwhere.shape[0], -1, prev.dtype)
+        id_of_block = np.full(blocks, -1, ids.dtype)
+        free = np.empty(blocks, prev.dtype)
+        free_top = 0
+        fresh = 0
+        reused = np.zeros(blocks, np.uint8)
+        held = np.zeros(blocks, np.uint8)
+        heldq = np.zeros(ends.shape[0], np.int64)
+        cursor = np.full(ends.shape[0], UNSET, np.int64)
+        longest = 0
+        for i in range(num_requests):
+            longest = max(longest, total_blocks[i])
+        table = np.empty(min(longest, capacity), np.int64)
+        evictions = 0
+        cached = 0
+        unused = 0
+        for i in range(num_requests):
+            if i == warm:
+                counters[C_EVICTIONS_W] = evictions
+                counters[C_CACHED_W] = cached
+                counters[C_UNUSED_W] = unused
+            start = offsets[i]
+            n = offsets[i + 1] - start
+            total = total_blocks[i]
+            if kind == BELADY:      # the oracle hears of every reference before the request is admitted
+                for j in range(n):
+                    h = ids[start + j]
+                    gflt[h] = nu[start + j]                           # the id's next use (inf: never)
+                    b = block_of_id[h]
+                    if b >= 0 and pos[b] >= 0:                        # a candidate: re-keyed, its ticket kept
+                        fval[b] = -nu[start + j]
+                        _hrekey(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+            if total > capacity:
+                hits[i] = 0
+                continue
+            k = 0
+            while k < n:
+                b = block_of_id[ids[start + k]]
+                if b < 0:
+                    break
+                table[k] = b
+                k += 1
+            hits[i] = k
+            for j in range(k):              # pinned: the allocation below cannot take them
+                b = table[j]
+                on_hit(b, ids[start + j], prev, nxt, where, ends, heap, pos, ival, jval, fval, kt,  # noqa: F821
+                       bint, bflt, gval, lr, ls, gprev, gnxt, gwhere, gends, block_of_id, ip, fp)
+                held[b] = 1
+                if where[b] >= 0:           # FIFO, S3-FIFO: held in place, no candidate while held
+                    heldq[where[b]] += 1
+                reused[b] = 1
+            need = total - k
+            if need <= free_top:
+                for j in range(need):
+                    table[k + j] = free[free_top - 1 - j]
+                free_top -= need
+            else:
+                got = 0
+                for j in range(free_top):
+                    table[k + got] = free[free_top - 1 - j]
+                    got += 1
+                free_top = 0
+                take = min(capacity - fresh, need - got)
+                for j in range(take):
+                    table[k + got] = fresh + j
+                    got += 1
+                fresh += take
+                for q in range(cursor.shape[0]):
+                    cursor[q] = UNSET
+                while got < need:
+                    v = evict(prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval,  # noqa: F821
+                              fval, kt, bint, bflt, id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval,
+                              gflt, ls, mt, gint, ip, fp)
+                    evictions += 1
+                    if not reused[v]:
+                        unused += 1
+                    reused[v] = 0
+                    block_of_id[id_of_block[v]] = -1
+                    id_of_block[v] = -1
+                    cached -= 1
+                    table[k + got] = v
+                    got += 1
+            for j in range(k, n):           # publish: an id cached already leaves a duplicate
+                b = table[j]
+                h = ids[start + j]
+                if block_of_id[h] < 0:
+                    block_of_id[h] = b
+                    id_of_block[b] = h
+                    cached += 1
+                    parent = ids[start + j - 1] if j else NONE
+                    on_cached(b, h, j, parent, prev, nxt, where, ends, cursor, heap, pos, ival,  # noqa: F821
+                              jval, fval, kt, bint, bflt, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt,
+                              lr, ls, ip, fp)
+            for j in range(total - 1, -1, -1):      # tail first
+                b = table[j]
+                if j < k:
+                    held[b] = 0
+                    if where[b] >= 0:
+                        heldq[where[b]] -= 1
+                h = id_of_block[b]
+                if h >= 0:
+                    on_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt,  # noqa: F821
+                                 block_of_id, gval, gflt, lr, ls, ip, fp)
+                else:
+                    free[free_top] = b
+                    free_top += 1
+        unused_cached = 0
+        for b in range(blocks):
+            if id_of_block[b] >= 0 and not reused[b]:
+                unused_cached += 1
+        counters[C_EVICTIONS] = evictions
+        counters[C_CACHED] = cached
+        counters[C_UNUSED] = unused
+        counters[C_UNUSED_CACHED] = unused_cached
+        if warm >= num_requests:
             counters[C_EVICTIONS_W] = evictions
             counters[C_CACHED_W] = cached
             counters[C_UNUSED_W] = unused
-        start = offsets[i]
-        n = offsets[i + 1] - start
-        total = total_blocks[i]
-        if kind == BELADY:      # the oracle hears of every reference before the request is admitted
-            for j in range(n):
-                h = ids[start + j]
-                gflt[h] = nu[start + j]                           # the id's next use (inf: never)
-                b = block_of_id[h]
-                if b >= 0 and pos[b] >= 0:                        # a candidate: re-keyed, its ticket kept
-                    fval[b] = -nu[start + j]
-                    _hrekey(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
-        if total > capacity:
-            hits[i] = 0
-            continue
-        k = 0
-        while k < n:
-            b = block_of_id[ids[start + k]]
-            if b < 0:
-                break
-            table[k] = b
-            k += 1
-        hits[i] = k
-        for j in range(k):              # pinned: the allocation below cannot take them
-            b = table[j]
-            _on_hit(kind, b, ids[start + j], prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, gval,
-                    lr, ls, gprev, gnxt, gwhere, gends, block_of_id, ip, fp)
-            held[b] = 1
-            if where[b] >= 0:           # FIFO, S3-FIFO: held in place, no candidate while held
-                heldq[where[b]] += 1
-            reused[b] = 1
-        need = total - k
-        if need <= free_top:
-            for j in range(need):
-                table[k + j] = free[free_top - 1 - j]
-            free_top -= need
-        else:
-            got = 0
-            for j in range(free_top):
-                table[k + got] = free[free_top - 1 - j]
-                got += 1
-            free_top = 0
-            take = min(capacity - fresh, need - got)
-            for j in range(take):
-                table[k + got] = fresh + j
-                got += 1
-            fresh += take
-            for q in range(cursor.shape[0]):
-                cursor[q] = UNSET
-            while got < need:
-                v = _evict(kind, prev, nxt, where, ends, cursor, held, heldq, heap, pos, ival, jval, fval, kt,
-                           bint, bflt, id_of_block, block_of_id, gprev, gnxt, gwhere, gends, gval, gflt, ls, mt, gint,
-                           ip, fp)
-                evictions += 1
-                if not reused[v]:
-                    unused += 1
-                reused[v] = 0
-                block_of_id[id_of_block[v]] = -1
-                id_of_block[v] = -1
-                cached -= 1
-                table[k + got] = v
-                got += 1
-        for j in range(k, n):           # publish: an id cached already leaves a duplicate
-            b = table[j]
-            h = ids[start + j]
-            if block_of_id[h] < 0:
-                block_of_id[h] = b
-                id_of_block[b] = h
-                cached += 1
-                parent = ids[start + j - 1] if j else NONE
-                _on_cached(kind, b, h, j, parent, prev, nxt, where, ends, cursor,
-                           heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gprev, gnxt, gwhere, gends, gval,
-                           gflt, lr, ls, ip, fp)
-        for j in range(total - 1, -1, -1):      # tail first
-            b = table[j]
-            if j < k:
-                held[b] = 0
-                if where[b] >= 0:
-                    heldq[where[b]] -= 1
-            h = id_of_block[b]
-            if h >= 0:
-                _on_released(kind, b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt,
-                             block_of_id, gval, gflt, lr, ls, ip, fp)
-            else:
-                free[free_top] = b
-                free_top += 1
-        if ip[IP_ERROR]:
-            return
-    unused_cached = 0
-    for b in range(blocks):
-        if id_of_block[b] >= 0 and not reused[b]:
-            unused_cached += 1
-    counters[C_EVICTIONS] = evictions
-    counters[C_CACHED] = cached
-    counters[C_UNUSED] = unused
-    counters[C_UNUSED_CACHED] = unused_cached
-    if warm >= num_requests:
-        counters[C_EVICTIONS_W] = evictions
-        counters[C_CACHED_W] = cached
-        counters[C_UNUSED_W] = unused
+
+    namespace = dict(globals())
+    namespace.update(zip(("on_cached", "on_hit", "on_released", "evict"), EVENTS[kind]))
+    loop = types.FunctionType(replay_kind.__code__, namespace, replay_kind.__name__, None, replay_kind.__closure__)
+    loop.__qualname__ = replay_kind.__qualname__
+    return _jit(nogil=True)(loop)
+
+
+def replay_cache(kind, *state):
+    """Replay every request (cache mode) under policy ``kind``; ``hits[i]``: request ``i``'s
+    leading hits (0 for one longer than the pool, which changes nothing); ``counters``: see
+    ``C_*``. The policy state arrays (``state``) come initialised from ``fastreplay.run``."""
+    loop = _loops.get(kind)
+    if loop is None:
+        loop = _loops[kind] = _loop_for(kind)
+    loop(*state)

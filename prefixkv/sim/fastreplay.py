@@ -23,14 +23,13 @@ place in the request that published it, as the pool records ``parent_hash`` and 
 ghost lists of 2Q, MQ and LeCaR keep ``GhostList``'s pushed-out entry (``policies/ghosts.py``).
 Belady's oracle hears each reference's next use (the next request naming its id) before the request
 is admitted, as ``replay`` tells ``set_next_use``; LeCaR draws its expert with MT19937 from
-``random.Random(seed)``'s own state, so its draws are the class's. Where a class raises (LIRS with no
-LIR block at its stack's bottom, at capacity 1) the loop stops and ``run`` raises KeyError too.
+``random.Random(seed)``'s own state, so its draws are the class's.
 
 Still on the general path: ``session`` (its hints and forecasts) and ``workload:by_depth=true``
 (classes of a root and a depth bucket), and any policy object.
 
-The loop itself is ``prefixkv.flat.replay_kernels`` (numba), imported only when a compiled replay
-runs: this module imports without numba (``replay`` asks ``prefixkv.flat.available()`` first).
+The loop itself is ``prefixkv.flat.replay_kernels`` (numba), compiled once per policy kind (each
+kind's loop holds only its own policy's code) and imported only when a compiled replay runs: this module imports without numba (``replay`` asks ``prefixkv.flat.available()`` first).
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from ..flat.replay_layout import (  # noqa: F401  (the counters too: replay read
     IP_SMALL_TARGET, LEAF_LRU, LFU, LRU, MQ, NONE, S3FIFO, SIEVE, SLRU, TWOQ)
 from ..flat.replay_layout import (CAR, FP_DOWN, FP_GHOST, FP_HALF_LIFE, FP_MEDIAN, FP_MEMORY, FP_P_INNER, FP_P_LEAF,
                                   FP_RATE, FP_STEP, FP_UP, FP_WINDOW, IP_LEAF_PENALTY, IP_LIR_LIMIT, IP_MEMORY_CAP,
-                                  IP_ERROR, IP_NONRESIDENT_LIMIT, IP_REL_HEAD, LIRS, LRFU)
+                                  IP_NONRESIDENT_LIMIT, IP_REL_HEAD, LIRS, LRFU)
 from ..flat.replay_layout import IP_SAMPLE, IP_WINDOW, WTINYLFU
 from ..flat.replay_layout import BELADY, FP_MEAN, FP_P, FP_WINDOW_TICKS, IP_ESTIMATE_LIMIT, WORKLOAD
 from ..flat.replay_layout import FP_DISCOUNT, FP_LEARNING_RATE, FP_W_LFU, FP_W_LRU, IP_LC_PUSHED, LECAR
@@ -231,24 +230,25 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
     replay_cache(kind, arrays.offsets, arrays.ids, arrays.total_blocks, capacity, warm, ip, fp, ends, gends,
                  prev, nxt, where, ival, jval, fval, kt, bint, bflt, heap, pos, gprev, gnxt, gwhere, gval, gflt,
                  gint, lg, rel_leaf, sprev, snxt, swhere, sstat, mt, nu, lw, hits, counters)
-    if ip[IP_ERROR]:        # where the Python class raises (LIRS with no LIR block at S's bottom)
-        raise KeyError(f"block id {ip[IP_ERROR] - 1} (dense) is not resident: the policy's own replay fails here too")
     return hits, counters
 
 
-_warmed = False
+_warmed: set = set()
 
 
-def warm() -> None:
-    """Load the compiled loop (from numba's cache, or compile it: seconds) with one tiny replay, so
-    that this happens once per process and before a replay's clock starts; a sweep calls it
-    before its workers fork, so that they inherit the loaded code."""
-    global _warmed
-    if _warmed:
+def warm(kinds=(LRU,)) -> None:
+    """Load the compiled loop of each policy kind in ``kinds`` (from numba's cache, or compile it:
+    seconds each) with one tiny replay, so that this happens once per process and before a
+    replay's clock starts; a sweep calls it before its workers fork, so that they inherit the
+    loaded code."""
+    todo = [kind for kind in dict.fromkeys(kinds) if kind not in _warmed]
+    if not todo:
         return
     from .blockarrays import BlockArrays
 
     one = np.ones(1, np.int64)
     tiny = BlockArrays(np.array([0, 1], np.int64), np.zeros(1, np.int32), 1, one, one, one * 4, one * 4)
-    run(tiny, LRU, {}, 1, 0)
-    _warmed = True
+    names = {kind: name for name, kind in COMPILED.items()}
+    for kind in todo:
+        run(tiny, kind, policy_kind(names[kind])[1], 1, 0)     # the defaults' options
+        _warmed.add(kind)

@@ -289,7 +289,7 @@ def replay(trace, policy: str | Any, capacity: int, *, mode: str = "cache", warm
 
             # Loading the compiled loop is once per process, as an import is: not this replay's time.
             warming = time.perf_counter()
-            warm()
+            warm((plan[0],))
             started += time.perf_counter() - warming
             arrays = block_arrays if block_arrays is not None else trace_block_arrays(trace, hash_seed)
             return _replay_compiled(trace, arrays, policy, plan, capacity, warmup, started)

@@ -370,17 +370,20 @@ def sweep(sources: Sequence[TraceSource], policies: Sequence[str], capacities: d
 
 
 def _warm_compiled_replay(cells: Sequence[Cell], mode: str, options: dict) -> None:
-    """Load the compiled replay loop here, before the workers fork (they inherit it instead of
-    each loading it: ~1 s a process), when a cell will run in it (``replay``'s ``engine="auto"``)."""
+    """Load the compiled replay loops of the cells' policies here, before the workers fork (they
+    inherit them instead of each loading them), for the cells that will run in one (``replay``'s
+    ``engine="auto"``)."""
     if mode != "cache" or options.get("gate") or options.get("remote_capacity"):
         return
-    if not any(not cell.host_capacity and cell.policy.partition(":")[0].strip() in _compiled_names()
-               for cell in cells):
+    compiled = _compiled_names()
+    kinds = [compiled[name] for name in (cell.policy.partition(":")[0].strip() for cell in cells
+                                         if not cell.host_capacity) if name in compiled]
+    if not kinds:
         return
     from ..flat import available
     if available():
         from .fastreplay import warm
-        warm()
+        warm(kinds)
 
 
 def _compiled_names():
