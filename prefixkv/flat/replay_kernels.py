@@ -1268,22 +1268,25 @@ def _wtinylfu_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval
 
 
 @_jit(nogil=True, inline="always")
-def _lecar_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval,
-                    gflt, lr, ls, ip, fp):
-    _push(prev, nxt, where, ends, 0, b)
-    fval[b] = ival[b]                                         # keyed (count, release ticket)
+def _heap_by_release(heap, pos, fval, kt, ip, b, key):
+    """``b`` into the heap keyed (``key``, its release ticket): ties go to the earlier release."""
+    fval[b] = key
     kt[b] = ip[IP_TICKET]
     ip[IP_TICKET] += 1
     _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
 
 
 @_jit(nogil=True, inline="always")
+def _lecar_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval,
+                    gflt, lr, ls, ip, fp):
+    _push(prev, nxt, where, ends, 0, b)
+    _heap_by_release(heap, pos, fval, kt, ip, b, ival[b])      # keyed (count, release ticket)
+
+
+@_jit(nogil=True, inline="always")
 def _belady_released(b, h, prev, nxt, where, ends, heap, pos, ival, jval, fval, kt, bint, bflt, block_of_id, gval,
                      gflt, lr, ls, ip, fp):
-    fval[b] = -gflt[h]                                        # keyed (-next use, release ticket)
-    kt[b] = ip[IP_TICKET]
-    ip[IP_TICKET] += 1
-    _hpush(heap, 0, pos, fval, kt, ip, IP_HEAP, b)
+    _heap_by_release(heap, pos, fval, kt, ip, b, -gflt[h])     # keyed (-next use, release ticket)
 
 
 @_jit(nogil=True, inline="always")
