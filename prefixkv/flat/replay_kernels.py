@@ -1,9 +1,11 @@
-"""The compiled cache-mode replay loop (numba): the pool, its hash index and a built-in policy in
-one loop over a trace's dense block ids. ``prefixkv.sim.fastreplay`` is its only caller and says
-what it reproduces; the constants (policy kinds, parameter slots, counters) are ``replay_layout``'s.
+"""The compiled cache-mode replay loops (numba): the pool, its hash index and a built-in policy in
+one loop over a trace's dense block ids, one loop per policy kind (``replay_cache``).
+``prefixkv.sim.fastreplay`` is its only caller and says what it reproduces; the constants
+(policy kinds, parameter slots, counters) are ``replay_layout``'s.
 
-Every helper is inlined into ``replay_cache``: a call that passes the state's arrays would cost
-more than the step it makes.
+Every helper is inlined into its kind's loop: a call that passes the state's arrays would cost
+more than the step it makes. Each policy's events are four functions (``EVENTS``), so that a
+loop holds its own policy's code only (see "one compiled loop per policy kind" below).
 """
 
 from __future__ import annotations
