@@ -29,7 +29,8 @@ Still on the general path: ``session`` (its hints and forecasts) and ``workload:
 (classes of a root and a depth bucket), and any policy object.
 
 The loop itself is ``prefixkv.flat.replay_kernels`` (numba), compiled once per policy kind (each
-kind's loop holds only its own policy's code) and imported only when a compiled replay runs: this module imports without numba (``replay`` asks ``prefixkv.flat.available()`` first).
+kind's loop holds only its own policy's code) and imported only when a compiled replay runs: this
+module imports without numba (``replay`` asks ``prefixkv.flat.available()`` first).
 """
 
 from __future__ import annotations
@@ -236,7 +237,7 @@ def run(arrays, kind: int, options: dict, capacity: int, warm: int, block_size: 
 _warmed: set = set()
 
 
-def warm(kinds=(LRU,)) -> None:
+def warm(kinds) -> None:
     """Load the compiled loop of each policy kind in ``kinds`` (from numba's cache, or compile it:
     seconds each) with one tiny replay, so that this happens once per process and before a
     replay's clock starts; a sweep calls it before its workers fork, so that they inherit the

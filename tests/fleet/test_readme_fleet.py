@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-pytest.importorskip("zmq")
+zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
 from prefixkv.errors import InvalidArgument  # noqa: E402
@@ -44,8 +44,6 @@ def test_fleet_example_runs_as_copied():
 def test_wait_ready_names_a_worker_that_never_beats():
     # A publisher beats once as its thread starts; on a slow machine that beat can reach a router
     # that connected first, so the worker that never beats is a heartbeat socket nothing writes to.
-    import zmq
-
     pub = KVEventPublisher("w1", block_size=16, hash_seed=0, heartbeat_interval_s=30.0)
     ctx = zmq.Context.instance()
     silent = ctx.socket(zmq.PUB)
